@@ -1,0 +1,7 @@
+"""Subcommands of `llmchat`, one module each. The order here is the order `llmchat --help` lists them."""
+
+from __future__ import annotations
+
+from llmchat.tui.commands import chat
+
+COMMANDS = [chat]
