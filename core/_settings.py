@@ -172,6 +172,8 @@ class ServerSettings:
     """The private key for certfile."""
     tls: bool = False
     """Serve TLS with a self-signed certificate for 127.0.0.1 and localhost when no certfile is given."""
+    close_after_stream: bool = False
+    """Close each HTTP/1.1 keep-alive connection right after a stream ends, as llama.cpp's server does."""
 
 
 @dataclass(frozen=True, kw_only=True)

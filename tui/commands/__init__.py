@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from llmchat.tui.commands import chat
+from llmchat.tui.commands import ask, batch, cache, chat, config, serve
 
-COMMANDS = [chat]
+COMMANDS = [chat, ask, serve, batch, config, cache]
