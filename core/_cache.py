@@ -411,14 +411,12 @@ class ReplyCache:
         self._warn(message)
 
     def _read_chat(self, cache: BoundedCache, key: str) -> dict[str, object] | None:
-        data = cache.get(key)
-        if data is None:
-            return None
         try:
-            return _decode_chat(data)
-        except (UnicodeDecodeError, ValueError) as exc:
+            data = cache.get(key)
+            return None if data is None else _decode_chat(data)
+        except (RefusedRowError, ValueError) as exc:
             self._drop_refused(cache, key)
-            raise RefusedRowError(f"reply is not JSON: {exc}") from None
+            raise RefusedRowError(str(exc)) from None
 
     def _read_vectors(self, cache: BoundedCache, keys: list[str]) -> list[list[float] | None]:
         out: list[list[float] | None] = []

@@ -80,7 +80,7 @@ class SafeDisk(diskcache.Disk):  # type: ignore[misc]
         if mode == MODE_BINARY:
             with open(os.path.join(self._directory, _safe_relative(filename)), "rb") as reader:
                 return reader.read()
-        raise RefusedRowError(f"value stored in mode {mode!r} (pickle or text)")
+        raise RefusedRowError(f"value stored in mode {mode!r}, pickle or text")
 
     def remove(self, file_path: Any) -> None:
         """Deletes a value file inside the folder; a path pointing elsewhere is left alone."""
