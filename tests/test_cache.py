@@ -216,9 +216,7 @@ async def test_policy_off_never_touches_the_disk(make_cache: Callable[..., Reply
     assert cache.replay_streams is False
 
 
-async def test_the_event_loop_keeps_running_while_the_cache_waits(
-    make_cache: Callable[..., ReplyCache], caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_the_event_loop_keeps_running_while_the_cache_waits(make_cache: Callable[..., ReplyCache]) -> None:
     cache = make_cache()
     await cache.put_chat(chat_key(), {"text": "x"})
     lock = _hold_write_lock(cache.path)
