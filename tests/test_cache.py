@@ -586,3 +586,18 @@ def test_cli_needs_an_action(cli_env: Path, capsys: pytest.CaptureFixture[str]) 
         main(["cache"])
     assert exc.value.code == 2
     assert "ACTION" in capsys.readouterr().err
+
+
+def test_cli_takes_cache_settings_from_the_config_file(
+    cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmchat.tui.cli import main
+
+    folder = tmp_path / "elsewhere"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[cache]\npath = "{folder}"\nsize_limit_mb = 2\npolicy = "always"\nttl_s = 3600\n')
+    assert main(["--config", str(config), "cache", "path"]) == 0
+    assert capsys.readouterr().out.strip() == str(folder)
+    assert main(["--config", str(config), "cache", "stats"]) == 0
+    table = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert table["size"] == "0 B of 2.0 MiB" and table["policy"] == "always" and table["ttl"] == "1 h"
