@@ -54,7 +54,7 @@ class ProviderSettings:
     """The provider's name: the NAME in [providers.NAME] (set by the loader, not written in the file)."""
     base_url: str = "https://api.openai.com/v1"
     """The API root, up to and including /v1."""
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     """The API key itself. Prefer api_key_env, so the key stays out of the file."""
     api_key_env: str | None = None
     """The name of an environment variable that holds the API key."""
@@ -158,7 +158,7 @@ class ServerSettings:
     """Probability that a stream's connection is cut mid-way."""
     stall_ms: float = 0.0
     """A pause this long in the middle of every stream."""
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)
     """Require this bearer token (401 without it); empty accepts any."""
     embedding_dim: int = 256
     """The length of the vectors /v1/embeddings returns."""

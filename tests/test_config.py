@@ -663,6 +663,16 @@ def test_no_command_prints_a_key(
     )
 
 
+def test_settings_repr_leaves_keys_out(tmp_path: Path) -> None:
+    """Settings end up in logs and tracebacks (Textual's show locals); their repr must not carry a key."""
+    config = providers_file(
+        tmp_path, f'[providers.mine]\napi_key = "{FILE_KEY}"\n\n[server]\napi_key = "{SERVER_KEY}"\n'
+    )
+    settings = load_settings(config, env={})
+    assert settings.providers["mine"].api_key == FILE_KEY and settings.server.api_key == SERVER_KEY
+    assert FILE_KEY not in repr(settings) and SERVER_KEY not in repr(settings)
+
+
 def test_config_without_an_action_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(capsys, "config") == (
         2,
