@@ -1,0 +1,192 @@
+"""Chat completions, whole and streamed, paced by the latency profile and broken by the fault profile.
+
+Pacing: token ``k`` is due at ``first + k / tokens_per_s`` (plus ``stall_ms`` from the middle of the reply on,
+plus up to ``jitter_ms``), measured from the request's arrival, never drifting. Whenever the loop wakes it
+sends every token already due in one write (up to 16 KiB), so a server that falls behind catches up in bigger
+writes instead of falling further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a
+few writes: the server is not the bottleneck of a client benchmark.
+
+``server_timing`` (``time.monotonic_ns()`` stamps: request received, first content token sent, last token
+sent) rides on the final chunk before ``[DONE]`` (the usage chunk when ``include_usage`` is set) and on every
+whole reply; there, "first token" is when the first token would have been ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from typing import Any
+
+from llmchat.core._settings import ServerSettings
+from llmchat.core.server import _wire
+from llmchat.core.server._connections import ConnectionRegistry
+from llmchat.core.server._faults import ColdStarts, FaultDice
+from llmchat.core.server._http import Exchange, HTTPFailure
+from llmchat.core.server._replies import Reply, build_reply, count_prompt_tokens
+from llmchat.core.server._requests import ChatRequest
+
+MAX_WRITE = 16 * 1024
+DROP_GRACE_S = 0.05
+"""How long a connection lives after its last bytes before a drop cuts it: long enough for the event loop to
+put them on the wire (HTTP/2 writes from its own task), so the client always sees a partial reply."""
+
+_ERROR_MESSAGES = {
+    500: "The server had an error while processing your request. Sorry about that!",
+    502: "Bad gateway.",
+    503: "The engine is currently overloaded, please try again later.",
+}
+
+
+class ChatResponder:
+    """Answers checked chat requests; holds the server-wide dice, cold-start state and reply ids."""
+
+    def __init__(self, settings: ServerSettings, registry: ConnectionRegistry, dice: FaultDice) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.dice = dice
+        self.cold = ColdStarts(settings.cold_start_ms / 1000.0, settings.idle_unload_s)
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(6).hex()
+        self._interval = 1.0 / settings.tokens_per_s if settings.tokens_per_s > 0 else 0.0
+        self._stall = settings.stall_ms / 1000.0
+
+    def next_id(self) -> str:
+        return f"chatcmpl-{self._id_prefix}{next(self._ids):08x}"
+
+    def inject_error(self) -> None:
+        """Raise an HTTPFailure 500/502/503 with probability ``error_rate``."""
+        status = self.dice.error_status()
+        if status is not None:
+            raise HTTPFailure(status, _ERROR_MESSAGES[status], type_="server_error")
+
+    async def reply(self, ex: Exchange, req: ChatRequest) -> None:
+        """Send the reply to ``req``, streamed or whole. Never raises for a client that went away."""
+        self.inject_error()
+        loop = asyncio.get_running_loop()
+        cold = self.cold.delay(req.model, loop.time())
+        seed = req.seed if req.seed is not None else self.settings.seed
+        limit = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
+        reply = build_reply(
+            req.model, req.messages_key, req.last_user_text, seed, limit, req.max_tokens is not None, req.stop
+        )
+        first_due = ex.received_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
+        usage = _wire.usage(count_prompt_tokens(req.messages), len(reply.tokens))
+        try:
+            if req.stream:
+                await self._stream(ex, req, reply, usage, first_due)
+            else:
+                await self._whole(ex, req, reply, usage, first_due)
+        finally:
+            self.cold.touch(req.model, loop.time())
+
+    async def _whole(
+        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, int], first_due: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if not await ex.pause(first_due - loop.time()):
+            return
+        first_ns = time.monotonic_ns()
+        last_due = first_due + max(0, len(reply.tokens) - 1) * self._interval
+        if not await ex.pause(last_due - loop.time()):
+            return
+        extra = self._extra(ex, req, first_ns, time.monotonic_ns())
+        body = _wire.completion(self.next_id(), int(time.time()), req.model, reply.text, reply.finish_reason,
+                                usage, extra)
+        await ex.respond(200, body)
+
+    async def _stream(
+        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, int], first_due: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        template = _wire.ChunkTemplate(self.next_id(), int(time.time()), req.model, req.include_usage)
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        h11 = ex.scope.get("http_version") == "1.1"
+        if self.settings.close_after_stream and h11:
+            # llama.cpp promises keep-alive like this, then closes anyway.
+            headers.append((b"keep-alive", b"timeout=5, max=100"))
+        await ex.start(200, headers)
+        await ex.write(template.role())
+
+        escaped, n = reply.escaped, len(reply.tokens)
+        drop_after = self.dice.drop_after(n)
+        stall_at = n // 2 if self._stall > 0 and n > 1 else n + 1
+        first_ns = last_ns = 0
+        due = first_due
+        i = 0
+        while i < n:
+            if not await ex.pause(due - loop.time()):
+                return
+            now = loop.time()
+            parts: list[bytes] = []
+            size = 0
+            # A timer may fire a hair before its deadline; 0.5 ms of slack keeps the loop from spinning.
+            while i < n and due <= now + 0.0005 and size < MAX_WRITE and (drop_after is None or i < drop_after):
+                if i == 0:
+                    first_ns = time.monotonic_ns()
+                if i < n - 1:
+                    part = template.content(escaped[i])
+                else:
+                    last_ns = time.monotonic_ns()
+                    part = self._final(ex, req, template, reply, usage, first_ns, last_ns)
+                parts.append(part)
+                size += len(part)
+                i += 1
+                if i < n:
+                    due = max(due, self._due(first_due, i, stall_at))
+            if ex.disconnected.is_set():
+                return
+            if i == n:
+                if self.settings.close_after_stream and h11:
+                    self.registry.doom(ex.scope.get("client"))
+                await ex.write(b"".join(parts), more=False)
+                return
+            if parts:
+                await ex.write(b"".join(parts))
+            if drop_after is not None and i >= drop_after:
+                await asyncio.sleep(DROP_GRACE_S)
+                self.registry.cut(ex.scope.get("client"))
+                return
+        # An empty reply (a stop sequence at the very start) still ends like any other.
+        if await ex.pause(first_due - loop.time()):
+            await ex.write(self._final_empty(ex, req, template, reply, usage), more=False)
+
+    def _due(self, first_due: float, k: int, stall_at: int) -> float:
+        due = first_due + k * self._interval + self.dice.jitter()
+        return due + self._stall if k >= stall_at else due
+
+    def _final(
+        self,
+        ex: Exchange,
+        req: ChatRequest,
+        template: _wire.ChunkTemplate,
+        reply: Reply,
+        usage: dict[str, int],
+        first_ns: int,
+        last_ns: int,
+    ) -> bytes:
+        extra = self._extra(ex, req, first_ns, last_ns)
+        if req.include_usage:
+            return (
+                template.last(reply.escaped[-1], reply.finish_reason, None)
+                + template.usage(usage, extra)
+                + _wire.DONE
+            )
+        return template.last(reply.escaped[-1], reply.finish_reason, extra) + _wire.DONE
+
+    def _final_empty(
+        self, ex: Exchange, req: ChatRequest, template: _wire.ChunkTemplate, reply: Reply, usage: dict[str, int]
+    ) -> bytes:
+        now = time.monotonic_ns()
+        extra = self._extra(ex, req, now, now)
+        if req.include_usage:
+            return template.last(b"", reply.finish_reason, None) + template.usage(usage, extra) + _wire.DONE
+        return template.last(b"", reply.finish_reason, extra) + _wire.DONE
+
+    @staticmethod
+    def _extra(ex: Exchange, req: ChatRequest, first_ns: int, last_ns: int) -> dict[str, Any]:
+        extra: dict[str, Any] = {"server_timing": _wire.timing(ex.received_ns, first_ns, last_ns)}
+        if req.params:
+            extra["request_params"] = req.params
+        return extra

@@ -1,0 +1,115 @@
+"""OpenAI's JSON shapes as the local server writes them: errors, chat completions and stream chunks.
+
+Stream chunks are built from byte templates made once per request, so a token costs two concatenations and no
+``json.dumps`` (tokens arrive already escaped from ``_replies``). Non-ASCII text is written as UTF-8, not
+``\\u`` escapes, as OpenAI does, so multi-byte characters reach the client as multi-byte sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+FINGERPRINT = "fp_llmchat_local"
+
+
+def dumps(obj: object) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
+    """``{"error": {"message", "type", "param", "code"}}`` as OpenAI sends it."""
+    return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def timing(received_ns: int, first_token_ns: int, last_token_ns: int) -> dict[str, int]:
+    """The ``server_timing`` object: ``time.monotonic_ns()`` stamps of this server's process."""
+    return {"received_ns": received_ns, "first_token_ns": first_token_ns, "last_token_ns": last_token_ns}
+
+
+class ChunkTemplate:
+    """The ``data: {chat.completion.chunk}\\n\\n`` events of one streamed reply.
+
+    With ``include_usage`` every chunk carries ``"usage":null`` and a last chunk with empty ``choices`` carries
+    the usage, as OpenAI does. The chunk written just before ``[DONE]`` (the usage chunk, else the last content
+    chunk) also carries ``server_timing`` and ``request_params``.
+    """
+
+    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+        self.include_usage = include_usage
+        self._head = (
+            '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,"system_fingerprint":"%s",'
+            % (completion_id, created, json.dumps(model, ensure_ascii=False), FINGERPRINT)
+        ).encode()
+        self._prefix = b"data: " + self._head + b'"choices":[{"index":0,"delta":{"content":"'
+        self._tail = b'"},"logprobs":null,"finish_reason":null}]' + (b',"usage":null' if include_usage else b"") + b"}\n\n"
+
+    def role(self) -> bytes:
+        """The first event: the assistant role with empty content, no token yet."""
+        return (
+            b"data: " + self._head
+            + b'"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},'
+            + b'"logprobs":null,"finish_reason":null}]'
+            + (b',"usage":null' if self.include_usage else b"") + b"}\n\n"
+        )
+
+    def content(self, escaped: bytes) -> bytes:
+        """One content token, already JSON-escaped."""
+        return self._prefix + escaped + self._tail
+
+    def last(self, escaped: bytes, finish_reason: str, extra: dict[str, Any] | None) -> bytes:
+        """The last content token with ``finish_reason``; ``extra`` (server_timing, ...) merged in when given."""
+        body = (
+            b'"choices":[{"index":0,"delta":{"content":"' + escaped + b'"},"logprobs":null,"finish_reason":"'
+            + finish_reason.encode() + b'"}]'
+        )
+        if self.include_usage:
+            body += b',"usage":null'
+        if extra:
+            body += b"," + dumps(extra)[1:-1]
+        return b"data: " + self._head + body + b"}\n\n"
+
+    def usage(self, usage_obj: dict[str, int], extra: dict[str, Any]) -> bytes:
+        """The usage chunk: no choices, the usage, and ``extra``."""
+        return b"data: " + self._head + b'"choices":[],' + dumps({"usage": usage_obj, **extra})[1:] + b"\n\n"
+
+
+def completion(
+    completion_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_obj: dict[str, int],
+    extra: dict[str, Any],
+) -> bytes:
+    """A whole ``chat.completion`` object, ``extra`` (server_timing, ...) merged in."""
+    return dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage_obj,
+            **extra,
+        }
+    )

@@ -1,0 +1,43 @@
+"""Shared fixtures: the local server, in this process on a real socket on 127.0.0.1.
+
+- ``local_server``: one server for the whole session, profile ``instant``, plain http (HTTP/1.1 and h2c).
+  Stateless enough to share: no rate limit, no faults, no cold start.
+- ``tls_server``: the same over https with a self-signed certificate; ``.cert_path`` is the PEM to trust.
+- ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings (ServerSettings
+  field names, ``profile`` included; the port defaults to 0); every server made is closed at teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
+
+
+@pytest.fixture(scope="session")
+def local_server() -> Iterator[RunningServer]:
+    with start_in_thread(resolve_settings({"port": 0, "profile": "instant"})) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tls_server() -> Iterator[RunningServer]:
+    with start_in_thread(resolve_settings({"port": 0, "profile": "instant", "tls": True})) as server:
+        yield server
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Callable[..., RunningServer]]:
+    servers: list[RunningServer] = []
+
+    def make(**overrides: Any) -> RunningServer:
+        server = start_in_thread(resolve_settings({"port": 0, **overrides}))
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
