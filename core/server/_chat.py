@@ -1,10 +1,11 @@
 """Chat completions, whole and streamed, paced by the latency profile and broken by the fault profile.
 
-Pacing: token ``k`` is due at ``first + k / tokens_per_s`` (plus ``stall_ms`` from the middle of the reply on,
-plus up to ``jitter_ms``), measured from the request's arrival, never drifting. Whenever the loop wakes it
-sends every token already due in one write (up to 16 KiB), so a server that falls behind catches up in bigger
-writes instead of falling further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a
-few writes: the server is not the bottleneck of a client benchmark.
+Pacing: token ``k`` is due at ``received + ttft_ms + k / tokens_per_s`` (plus up to ``jitter_ms``), on a fixed
+schedule that never drifts; in the middle of a stream ``stall_ms`` separates two tokens, counted from the moment
+the token before the stall was actually sent. Whenever the loop wakes it sends every token already due in one
+write (up to 16 KiB), so a server that falls behind catches up in bigger writes instead of falling further
+behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server is not the
+bottleneck of a client benchmark.
 
 ``server_timing`` (``time.monotonic_ns()`` stamps: request received, first content token sent, last token
 sent) rides on the final chunk before ``[DONE]`` (the usage chunk when ``include_usage`` is set) and on every
@@ -111,7 +112,9 @@ class ChatResponder:
 
         escaped, n = reply.escaped, len(reply.tokens)
         drop_after = self.dice.drop_after(n)
-        stall_at = n // 2 if self._stall > 0 and n > 1 else n + 1
+        stall_at = n // 2 if self._stall > 0 and n > 1 else -1
+        # Token k is due at origin + (k - origin_k) * interval + jitter; the stall moves the origin.
+        origin, origin_k = first_due, 0
         first_ns = last_ns = 0
         due = first_due
         i = 0
@@ -121,8 +124,7 @@ class ChatResponder:
             now = loop.time()
             parts: list[bytes] = []
             size = 0
-            # A timer may fire a hair before its deadline; 0.5 ms of slack keeps the loop from spinning.
-            while i < n and due <= now + 0.0005 and size < MAX_WRITE and (drop_after is None or i < drop_after):
+            while i < n and due <= now and size < MAX_WRITE and i != drop_after and not (i == stall_at and parts):
                 if i == 0:
                     first_ns = time.monotonic_ns()
                 if i < n - 1:
@@ -134,7 +136,7 @@ class ChatResponder:
                 size += len(part)
                 i += 1
                 if i < n:
-                    due = max(due, self._due(first_due, i, stall_at))
+                    due = max(due, origin + (i - origin_k) * self._interval + self.dice.jitter())
             if ex.disconnected.is_set():
                 return
             if i == n:
@@ -144,17 +146,19 @@ class ChatResponder:
                 return
             if parts:
                 await ex.write(b"".join(parts))
-            if drop_after is not None and i >= drop_after:
+            if i == drop_after:
                 await asyncio.sleep(DROP_GRACE_S)
                 self.registry.cut(ex.scope.get("client"))
                 return
+            if i == stall_at and parts:
+                # The stall is a gap of at least stall_ms after the last token actually sent, however late.
+                origin, origin_k = loop.time() + self._stall, stall_at
+                due = max(due, origin + self.dice.jitter())
         # An empty reply (a stop sequence at the very start) still ends like any other.
         if await ex.pause(first_due - loop.time()):
+            if self.settings.close_after_stream and h11:
+                self.registry.doom(ex.scope.get("client"))
             await ex.write(self._final_empty(ex, req, template, reply, usage), more=False)
-
-    def _due(self, first_due: float, k: int, stall_at: int) -> float:
-        due = first_due + k * self._interval + self.dice.jitter()
-        return due + self._stall if k >= stall_at else due
 
     def _final(
         self,

@@ -73,5 +73,8 @@ class TrackingSocket(socket.socket):
 
     def accept(self) -> tuple[socket.socket, Any]:
         conn, address = super().accept()
+        # Small writes (a header block, one token) must leave at once: Nagle's algorithm would hold each one
+        # for the client's delayed ACK, 40 ms a request.
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.registry.track(conn, address)
         return conn, address

@@ -140,8 +140,8 @@ def _bind(host: str, port: int, registry: ConnectionRegistry) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise LLMChatError(f"cannot listen on {host}: {exc.strerror}; use --host 127.0.0.1") from None
-    family, _, _, _, address = infos[0]
-    sock = TrackingSocket(family, socket.SOCK_STREAM)
+    family, _, proto, _, address = infos[0]
+    sock = TrackingSocket(family, socket.SOCK_STREAM, proto)
     sock.registry = registry
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
