@@ -59,9 +59,13 @@ class SSEDecoder:
     client sends as ``Last-Event-ID``) stay readable after :meth:`close`.
     """
 
-    __slots__ = ("_head", "_skip_lf", "_parts", "_parts_end_lf", "_id", "_last_event_id", "_retry")
+    __slots__ = ("_head", "_skip_lf", "_parts", "_parts_end_lf", "_id", "_last_event_id", "_retry", "_extra")
 
-    def __init__(self) -> None:
+    def __init__(self, *, extra_fields: tuple[str, ...] = ()) -> None:
+        # Off-spec lines some servers send: llama.cpp's server reports a failure mid-stream as a bare
+        # "error: {...}" line, which the standard would ignore as an unknown field. A name listed here is
+        # dispatched at once as an event of that type with the line's value as data.
+        self._extra = frozenset(extra_fields)
         self._retry: int | None = None
         self._last_event_id = ""
         self._start_stream()
@@ -206,6 +210,8 @@ class SSEDecoder:
             elif name == "id":
                 if "\0" not in value:
                     last_id = value
+            elif name in self._extra:
+                out.append(_new_event(ServerSentEvent, (name, value, last_id, self._retry)))
             elif name == "retry" and value.isascii() and value.isdigit():
                 try:
                     self._retry = int(value)

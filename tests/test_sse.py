@@ -414,3 +414,11 @@ def test_every_chunking_yields_the_events_of_the_whole_stream(stream: bytes, dat
 @given(stream=streams())
 def test_decoder_matches_the_reference(stream: bytes) -> None:
     assert decode_chunks([stream]) == reference_decode(stream)
+
+
+def test_extra_fields_dispatch_off_spec_error_lines() -> None:
+    # llama.cpp's server sends a bare "error: {...}" line mid-stream; by the standard it is an unknown field.
+    stream = b'data: {"a":1}\n\nerror: {"code":500,"message":"boom"}\n\n'
+    assert [e.data for e in SSEDecoder().feed(stream)] == ['{"a":1}']
+    events = SSEDecoder(extra_fields=("error",)).feed(stream)
+    assert [(e.event, e.data) for e in events] == [("message", '{"a":1}'), ("error", '{"code":500,"message":"boom"}')]
