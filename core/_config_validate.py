@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import tomllib
@@ -242,9 +243,15 @@ def expectation(hint: object) -> str:
     return alts[0] if len(alts) == 1 else ", ".join(alts[:-1]) + " or " + alts[-1]
 
 
+@functools.cache
+def _origin_args(hint: object) -> tuple[object, tuple[Any, ...]]:
+    # Cached: the typing introspection costs more than the checks themselves, and there are few annotations.
+    return typing.get_origin(hint), typing.get_args(hint)
+
+
 def check_type(hint: object, value: object) -> Any:
     """``value`` if it fits ``hint`` (ints become floats where a float is wanted); raises ``_Invalid``."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin, args = _origin_args(hint)
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -327,6 +334,7 @@ def field_hints(cls: type[Any]) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+@functools.cache
 def _named_tables_of(hint: object) -> type[Any] | None:
     args = typing.get_args(hint)
     if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
