@@ -5,6 +5,102 @@ Nothing here imports Textual; the faces in ``llmchat.tui`` talk to the engine th
 
 from __future__ import annotations
 
+from llmchat.core._batcher import MicroBatcher
+from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._cache import ReplyCache
+from llmchat.core._client import ChatClient, ChatReply, ChatStream
+from llmchat.core._config import (
+    ResolvedProvider,
+    default_config_path,
+    load_settings,
+    mask_secret,
+    resolve_provider,
+)
+from llmchat.core._errors import (
+    APIError,
+    AuthError,
+    CancelledByUser,
+    ConfigError,
+    ConnectError,
+    DisconnectedError,
+    HTTPStatusError,
+    LLMChatError,
+    NotFoundError,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    StreamCutError,
+    TimeoutError,
+    TLSError,
+    UsageError,
+)
+from llmchat.core._retry import RetryEvent
+from llmchat.core._settings import (
+    BatchSettings,
+    CacheSettings,
+    Http2Mode,
+    HttpSettings,
+    ProviderSettings,
+    RetrySettings,
+    ServerSettings,
+    Settings,
+    UISettings,
+)
+from llmchat.core._timing import Phases, TimingRecord, percentile
+from llmchat.core._warmup import Warmer
+from llmchat.core.sse import ServerSentEvent, SSEDecoder
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "APIError",
+    "AuthError",
+    "BatchSettings",
+    "Bus",
+    "CacheSettings",
+    "CancelledByUser",
+    "ChatClient",
+    "ChatReply",
+    "ChatStream",
+    "Chunk",
+    "ConfigError",
+    "ConnectError",
+    "DisconnectedError",
+    "FirstToken",
+    "HTTPStatusError",
+    "Http2Mode",
+    "HttpSettings",
+    "LLMChatError",
+    "MicroBatcher",
+    "NotFoundError",
+    "Phases",
+    "ProtocolError",
+    "ProviderSettings",
+    "RateLimitError",
+    "ReplyCache",
+    "RequestDone",
+    "RequestStarted",
+    "ResolvedProvider",
+    "RetryEvent",
+    "RetryPlanned",
+    "RetrySettings",
+    "SSEDecoder",
+    "ServerError",
+    "ServerSentEvent",
+    "ServerSettings",
+    "Settings",
+    "StreamCutError",
+    "TLSError",
+    "TimeoutError",
+    "TimingRecord",
+    "UISettings",
+    "UsageError",
+    "Warmer",
+    "WarmupState",
+    "__version__",
+    "default_config_path",
+    "load_settings",
+    "mask_secret",
+    "percentile",
+    "resolve_provider",
+]

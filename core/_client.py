@@ -1,0 +1,555 @@
+"""``ChatClient``: stream, complete and embed, each producing a timing record on the bus.
+
+The client puts the layers together: settings resolve to an ``Endpoint``; the shared ``Transport`` sends;
+the retry loop wraps everything up to the response headers (never past the first byte the caller sees); the
+SSE decoder and the wire parser turn bytes into deltas; the cache answers batch requests and embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from llmchat.core import _errors as errors
+from llmchat.core import _wire as wire
+from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned
+from llmchat.core._cache import ReplyCache, replay_chunks
+from llmchat.core._retry import RetryEvent, call_with_retries
+from llmchat.core._settings import Http2Mode, HttpSettings, RetrySettings, Settings
+from llmchat.core._timing import Phases, TimingRecord
+from llmchat.core._transport import Endpoint, Transport, WireResponse
+from llmchat.core.sse import SSEDecoder
+
+Message = Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class ChatReply:
+    """A whole reply: its text, the reasoning kept apart, and the request's timing record."""
+
+    text: str
+    record: TimingRecord
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _Pools:
+    """One Transport per endpoint per event loop, shared by every ChatClient in the process and reference
+    counted, so the app, `ask` and the batch runner all reuse the same warm connections."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, Transport, int]] = {}
+
+    @staticmethod
+    def _key(ep: Endpoint) -> tuple[Any, ...]:
+        # In memory only: the key never leaves this dict (it holds the API key to keep two accounts apart).
+        return (ep.name, ep.base_url, ep.api_key, tuple(sorted(ep.headers.items())), ep.http)
+
+    def acquire(self, ep: Endpoint) -> Transport:
+        loop = asyncio.get_running_loop()
+        key = self._key(ep)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is loop and not loop.is_closed():
+            self._entries[key] = (loop, entry[1], entry[2] + 1)
+            return entry[1]
+        transport = Transport(ep)
+        self._entries[key] = (loop, transport, 1)
+        return transport
+
+    async def release(self, transport: Transport) -> None:
+        key = self._key(transport.endpoint)
+        entry = self._entries.get(key)
+        if entry is None or entry[1] is not transport:
+            await transport.aclose()
+            return
+        if entry[2] <= 1:
+            del self._entries[key]
+            await transport.aclose()
+        else:
+            self._entries[key] = (entry[0], transport, entry[2] - 1)
+
+
+_pools = _Pools()
+
+
+def endpoint_from_settings(
+    settings: Settings,
+    provider: str | None = None,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    http2: Http2Mode | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Endpoint, str | None]:
+    """Resolve the endpoint and the default model. An explicit ``base_url`` bypasses the providers table.
+
+    Raises ``ConfigError`` (via the config layer) for an unknown provider, and ``UsageError`` when nothing is
+    configured and no base URL is given (callers that want the offline default start the local server first).
+    """
+    from llmchat.core._config import resolve_provider
+
+    if base_url:
+        http = settings.http
+        if http2 is not None:
+            http = _replace_http(http, http2=http2)
+        ep = Endpoint(
+            name=provider or "custom",
+            base_url=base_url.rstrip("/"),
+            api_key=api_key,
+            api_key_source="--api-key" if api_key else "none (no key given with --base-url)",
+            http=http,
+        )
+        return ep, None
+    resolved = resolve_provider(settings, provider, env=env)
+    if resolved is None:
+        raise errors.UsageError(
+            "no provider is configured; set OPENAI_API_KEY (and OPENAI_BASE_URL), add [providers.NAME] to the "
+            "config, or pass --base-url"
+        )
+    http = resolved.http if http2 is None else _replace_http(resolved.http, http2=http2)
+    ep = Endpoint(
+        name=resolved.name,
+        base_url=resolved.base_url,
+        api_key=api_key or resolved.api_key,
+        api_key_source="--api-key" if api_key else resolved.api_key_source,
+        headers=dict(resolved.headers),
+        http=http,
+    )
+    return ep, resolved.model
+
+
+def _replace_http(http: HttpSettings, **changes: Any) -> HttpSettings:
+    from dataclasses import replace
+
+    return replace(http, **changes)
+
+
+class ChatClient:
+    """An async context manager that talks to one OpenAI-compatible provider.
+
+    Build it from ``Settings`` (``ChatClient(settings, provider="groq")``) or from keywords
+    (``ChatClient(base_url="http://127.0.0.1:8000/v1", http2="h2c")``). Every request makes a
+    ``TimingRecord`` and publishes it on ``bus``. Errors are llmchat's typed ``APIError`` family, each with a
+    one-line message; a reply cut short keeps its text in the error's ``partial_text``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        provider: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        http2: Http2Mode | None = None,
+        bus: Bus | None = None,
+        cache: ReplyCache | None = None,
+        use_cache: bool = True,
+        retry: RetrySettings | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.endpoint, default_model = endpoint_from_settings(
+            self.settings, provider, base_url=base_url, api_key=api_key, http2=http2, env=env
+        )
+        self.model = model or default_model or ""
+        self.bus = bus or Bus()
+        self.retry = retry or self.settings.retry
+        self._own_cache = cache is None and use_cache and self.settings.cache.policy != "off"
+        self.cache: ReplyCache | None = cache if cache is not None else (
+            ReplyCache(self.settings.cache) if self._own_cache else None
+        )
+        self._transport: Transport | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> ChatClient:
+        self._transport = _pools.acquire(self.endpoint)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await _pools.release(transport)
+        if self._own_cache and self.cache is not None:
+            await self.cache.aclose()
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            self._transport = _pools.acquire(self.endpoint)
+        return self._transport
+
+    def _record(self, mode: str, model: str) -> TimingRecord:
+        return TimingRecord(mode=mode, provider=self.endpoint.name, model=model, host=self.endpoint.hostport)
+
+    async def _model(self, model: str | None) -> str:
+        m = model or self.model
+        if m:
+            return m
+        # No model named anywhere: a local server (llama.cpp, Ollama, ours) usually serves one; take the first
+        # it lists, once, rather than make the user look it up.
+        try:
+            offered = await self.models()
+        except errors.APIError:
+            offered = []
+        if not offered:
+            raise errors.UsageError(
+                f"no model chosen for provider {self.endpoint.name!r} and its /models lists none; pass --model "
+                f"or set providers.{self.endpoint.name}.model"
+            )
+        self.model = offered[0]
+        return self.model
+
+    # -- requests --------------------------------------------------------------------------------------------
+    async def _open(
+        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str
+    ) -> tuple[AsyncExitStack, WireResponse]:
+        """Send with retries until a response with a success status is open; returns it with its closer."""
+
+        async def send(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
+            record.attempts = attempt
+            record.phases = Phases()
+            stack = AsyncExitStack()
+            try:
+                resp = await stack.enter_async_context(
+                    self.transport.request(method, path, body=body, phases=record.phases, stream=stream)
+                )
+                record.status = resp.status
+                record.http_version = resp.http_version
+                if resp.status >= 400:
+                    data = await resp.aread()
+                    raise await self._status_error(resp, data, model)
+            except BaseException:
+                await stack.aclose()
+                raise
+            return stack, resp
+
+        def on_retry(event: RetryEvent) -> None:
+            record.retries.append(event)
+            self.bus.publish(RetryPlanned(record, event))
+
+        return await call_with_retries(send, self.retry, on_retry=on_retry)
+
+    async def _status_error(self, resp: WireResponse, data: bytes, model: str) -> errors.APIError:
+        models: list[str] | None = None
+        if resp.status == 404:
+            models = await self._models_quietly()
+        return wire.status_error(
+            resp.status,
+            data,
+            content_type=resp.headers.get("content-type", ""),
+            headers=resp.headers,
+            where=self.endpoint.hostport,
+            key_source=self.endpoint.api_key_source,
+            model=model,
+            models=models,
+        )
+
+    async def _models_quietly(self) -> list[str] | None:
+        try:
+            return await asyncio.wait_for(self.models(), timeout=3.0)
+        except (errors.APIError, asyncio.TimeoutError):
+            return None
+
+    async def models(self) -> list[str]:
+        """The model ids GET /models offers, in its order. Raises the usual APIError family."""
+        phases = Phases()
+        async with self.transport.request("GET", "models", phases=phases) as resp:
+            data = await resp.aread()
+        if resp.status >= 400:
+            raise await self._status_error(resp, data, self.model)
+        return wire.parse_models(data)
+
+    def stream(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatStream:
+        """Stream a reply: an async iterator of answer text deltas; ``.record`` is final once it ends.
+
+        Reasoning deltas are collected in ``.reasoning``, apart from the answer. Breaking out of the loop or
+        cancelling the task marks the record cancelled. Errors raise after the text that arrived was yielded;
+        the error's ``partial_text`` holds it too.
+        """
+        return ChatStream(self, list(messages), model, params)
+
+    async def complete(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatReply:
+        """One whole reply (batch mode), answered from the cache when the cache policy allows."""
+        m = await self._model(model)
+        record = self._record("batch", m)
+        self.bus.publish(RequestStarted(record))
+        key = None
+        try:
+            if self.cache is not None and self.cache.policy_allows(params):
+                key = ReplyCache.chat_key(
+                    base_url=self.endpoint.base_url, model=m, messages=list(messages), params=params
+                )
+                hit = await self.cache.get_chat(key)
+                if hit is not None:
+                    return self._from_cache(hit, record)
+            body = wire.chat_body(m, messages, params, stream=False)
+            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m)
+            async with stack:
+                data = await resp.aread()
+            reply = wire.parse_reply(
+                data, status=resp.status, content_type=resp.headers.get("content-type", ""),
+                where=self.endpoint.hostport,
+            )
+            record.end_ns = time.perf_counter_ns()
+            record.server_timing = reply.server_timing
+            record.finish_reason = reply.finish_reason
+            _apply_usage(record, reply.usage, fallback_tokens=0)
+            if key is not None and self.cache is not None:
+                await self.cache.put_chat(key, {
+                    "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
+                    "usage": reply.usage, "model": reply.model or m,
+                })
+            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage)
+        except errors.APIError as exc:
+            _fail(record, exc)
+            raise
+        except asyncio.CancelledError:
+            record.cancelled = True
+            record.error_kind = "cancelled"
+            raise
+        finally:
+            if record.end_ns is None:
+                record.end_ns = time.perf_counter_ns()
+            self.bus.publish(RequestDone(record))
+
+    def _from_cache(self, hit: Mapping[str, Any], record: TimingRecord) -> ChatReply:
+        record.cache_hit = True
+        record.attempts = 0
+        record.end_ns = time.perf_counter_ns()
+        record.finish_reason = hit.get("finish_reason")
+        usage = hit.get("usage") if isinstance(hit.get("usage"), dict) else None
+        _apply_usage(record, usage, fallback_tokens=0)
+        return ChatReply(str(hit.get("text", "")), record, str(hit.get("reasoning") or ""),
+                         record.finish_reason, usage)
+
+    async def embed(self, texts: Sequence[str], *, model: str | None = None) -> list[list[float]]:
+        """Vectors for ``texts``, in order. Cached per text; the texts not cached go out as one request."""
+        m = await self._model(model)
+        record = self._record("embed", m)
+        self.bus.publish(RequestStarted(record))
+        try:
+            keys = [ReplyCache.embedding_key(base_url=self.endpoint.base_url, model=m, text=t) for t in texts]
+            cached: list[list[float] | None] = [None] * len(texts)
+            if self.cache is not None and self.settings.cache.policy != "off":
+                cached = await self.cache.get_embeddings(keys)
+            missing = [i for i, v in enumerate(cached) if v is None]
+            record.cache_hit = not missing and bool(texts)
+            if missing:
+                body = json.dumps({"model": m, "input": [texts[i] for i in missing]}, ensure_ascii=False).encode()
+                stack, resp = await self._open("POST", "embeddings", body, record, stream=False, model=m)
+                async with stack:
+                    data = await resp.aread()
+                vectors = wire.parse_embeddings(
+                    data, status=resp.status, content_type=resp.headers.get("content-type", ""),
+                    where=self.endpoint.hostport,
+                )
+                if len(vectors) != len(missing):
+                    raise errors.ProtocolError(
+                        f"{self.endpoint.hostport} returned {len(vectors)} embeddings for {len(missing)} texts; "
+                        "the server is not OpenAI-compatible here"
+                    )
+                for i, vec in zip(missing, vectors, strict=True):
+                    cached[i] = vec
+                if self.cache is not None and self.settings.cache.policy != "off":
+                    await self.cache.put_embeddings([(keys[i], cached[i]) for i in missing])  # type: ignore[misc]
+            return [v for v in cached if v is not None]
+        except errors.APIError as exc:
+            _fail(record, exc)
+            raise
+        finally:
+            record.end_ns = time.perf_counter_ns()
+            self.bus.publish(RequestDone(record))
+
+
+class ChatStream:
+    """The async iterator ``ChatClient.stream`` returns. ``text``, ``reasoning`` and ``record`` fill as it runs."""
+
+    def __init__(self, client: ChatClient, messages: list[Message], model: str | None,
+                 params: dict[str, Any]) -> None:
+        self._client = client
+        self.messages = messages
+        self.model = model or client.model
+        self.params = params
+        self.record = client._record("stream", self.model)
+        self._parts: list[str] = []
+        self._reasoning: list[str] = []
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._gen = self._run()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._gen
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> ChatStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        bus = client.bus
+        try:
+            if not self.model:
+                self.model = record.model = await client._model(None)
+            # t0 is when the request starts, not when the stream object was made or the model looked up.
+            record.t0_ns, record.t0_mono_ns = time.perf_counter_ns(), time.monotonic_ns()
+            record.wall_start = time.time()
+            bus.publish(RequestStarted(record))
+            async for piece in self._replay_or_stream():
+                yield piece
+        except errors.APIError as exc:
+            exc.partial_text = self.text
+            exc.tokens_received = record.output_tokens or record.content_chunks
+            if isinstance(exc, errors.StreamCutError | errors.TimeoutError) and self._parts:
+                exc.args = (f"{exc} ({exc.tokens_received} tokens arrived and are kept)",)
+            _fail(record, exc)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            record.cancelled = True
+            record.error_kind = "cancelled"
+            raise
+        finally:
+            if record.end_ns is None:
+                record.end_ns = time.perf_counter_ns()
+            if not record.usage_from_server:
+                record.output_tokens = record.content_chunks
+            bus.publish(RequestDone(record))
+
+    async def _replay_or_stream(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        cache = client.cache
+        if cache is not None and client.settings.cache.replay_streams and cache.policy_allows(self.params):
+            key = ReplyCache.chat_key(
+                base_url=client.endpoint.base_url, model=self.model, messages=self.messages, params=self.params
+            )
+            hit = await cache.get_chat(key)
+            if hit is not None:
+                record.cache_hit = True
+                record.attempts = 0
+                for piece in replay_chunks(str(hit.get("text", ""))):
+                    self._on_content(piece, time.perf_counter_ns())
+                    yield piece
+                record.finish_reason = self.finish_reason = hit.get("finish_reason")
+                usage = hit.get("usage")
+                _apply_usage(record, usage if isinstance(usage, dict) else None, fallback_tokens=0)
+                return
+        async for piece in self._stream():
+            yield piece
+
+    def _on_content(self, text: str, now: int) -> None:
+        record = self.record
+        if record.first_token_ns is None:
+            record.first_token_ns = now
+            self._client.bus.publish(FirstToken(record))
+        record.last_token_ns = now
+        record.chunk_ns.append(now)
+        record.content_chunks += 1
+        self._parts.append(text)
+        if self._client.bus.wants(Chunk):
+            self._client.bus.publish(Chunk(record, text, now))
+
+    async def _stream(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        body = wire.chat_body(self.model, self.messages, self.params, stream=True)
+        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model)
+        async with stack:
+            ctype = resp.headers.get("content-type", "")
+            if "text/event-stream" not in ctype:
+                # Some servers ignore stream=true and send the whole reply; a proxy may send HTML.
+                data = await resp.aread()
+                reply = wire.parse_reply(data, status=resp.status, content_type=ctype,
+                                         where=client.endpoint.hostport)
+                now = time.perf_counter_ns()
+                if reply.content:
+                    self._on_content(reply.content, now)
+                    yield reply.content
+                self.finish_reason = record.finish_reason = reply.finish_reason
+                record.server_timing = reply.server_timing
+                _apply_usage(record, reply.usage, fallback_tokens=record.content_chunks)
+                return
+            decoder = SSEDecoder(extra_fields=("error",))
+            done = False
+            async for raw in resp.aiter_bytes():
+                now = time.perf_counter_ns()
+                for event in decoder.feed(raw):
+                    data = event.data
+                    if event.event == "error":
+                        raise errors.ProtocolError(
+                            f"{client.endpoint.hostport} reported an error mid-stream: {_error_line(data)}; "
+                            "the partial reply is kept"
+                        )
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    if not data:
+                        continue
+                    try:
+                        delta = wire.parse_chunk(data)
+                    except wire.StreamError as exc:
+                        raise errors.ProtocolError(f"{client.endpoint.hostport}: {exc}; the partial reply is kept") from None
+                    if delta.content:
+                        self._on_content(delta.content, now)
+                        yield delta.content
+                    if delta.reasoning:
+                        self._reasoning.append(delta.reasoning)
+                    if delta.finish_reason:
+                        self.finish_reason = record.finish_reason = delta.finish_reason
+                    if delta.usage is not None:
+                        self.usage = delta.usage
+                        _apply_usage(record, delta.usage, fallback_tokens=record.content_chunks)
+                    if delta.server_timing:
+                        record.server_timing = delta.server_timing
+                if done:
+                    break
+            record.end_ns = time.perf_counter_ns()
+            if not done and self.finish_reason is None:
+                raise errors.StreamCutError(
+                    f"the stream from {client.endpoint.hostport} ended without [DONE] or a finish_reason "
+                    "(the connection closed early); try again"
+                )
+
+
+def _error_line(data: str) -> str:
+    try:
+        return wire.error_text(json.loads(data))
+    except (ValueError, AttributeError):
+        return data.strip()[:120] or "no detail"
+
+
+def _apply_usage(record: TimingRecord, usage: Mapping[str, Any] | None, *, fallback_tokens: int) -> None:
+    if usage and isinstance(usage.get("completion_tokens"), int):
+        record.output_tokens = usage["completion_tokens"]
+        record.usage_from_server = True
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.prompt_tokens = usage["prompt_tokens"]
+    elif not record.usage_from_server:
+        record.output_tokens = fallback_tokens
+
+
+def _fail(record: TimingRecord, exc: errors.APIError) -> None:
+    record.error = str(exc)
+    record.error_kind = exc.kind
+    if exc.status is not None:
+        record.status = exc.status

@@ -1,0 +1,206 @@
+"""The timing record: one per request, every stamp from ``time.perf_counter_ns()``.
+
+Definitions (README.md repeats them for users):
+
+- t0: the moment the request was handed to the client. Every latency below counts from t0, so retries, their
+  waits and pool queueing are part of what the user waited for. The phase stamps (pool wait, connect, TLS,
+  send) describe the *last* attempt, the one that produced the reply.
+- TTFB: t0 to the response headers of the last attempt.
+- TTFT: t0 to the first chunk carrying non-empty answer content (role-only, empty and reasoning-only deltas
+  do not count, as in vLLM's and genai-perf's definitions). Batch mode has no TTFT.
+- ITL: the gaps between consecutive content chunks (vLLM's chunk-gap definition; a chunk may carry more than
+  one token).
+- TPOT: (last token - first token) / (output tokens - 1), output tokens from the server's usage when it sends
+  it, else the number of content chunks.
+- tokens/s: output tokens per second of generation, ``(output_tokens - 1) / (last - first)`` in stream mode
+  (the decode rate, 1000 / TPOT); ``output_tokens / total`` in batch mode, where no per-token times exist.
+- total: t0 to the end of the body (or to the error or the cancel).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+_NS_PER_MS = 1_000_000
+
+
+def _ms(start: int | None, end: int | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start) / _NS_PER_MS
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(slots=True)
+class Phases:
+    """Stamps of one attempt, filled by the transport's trace hook. Absolute perf_counter_ns values."""
+
+    start_ns: int = 0
+    connect_start_ns: int | None = None
+    connect_end_ns: int | None = None
+    tls_start_ns: int | None = None
+    tls_end_ns: int | None = None
+    send_start_ns: int | None = None
+    send_end_ns: int | None = None
+    headers_ns: int | None = None
+
+    @property
+    def reused(self) -> bool:
+        """No connection was opened for this attempt: it went out on a pooled one (or an HTTP/2 stream)."""
+        return self.connect_start_ns is None
+
+    @property
+    def pool_wait_ns(self) -> int | None:
+        """From the attempt's start to the first thing done on a connection: queueing for a pool slot."""
+        first = self.connect_start_ns if self.connect_start_ns is not None else self.send_start_ns
+        return None if first is None else first - self.start_ns
+
+
+@dataclass(slots=True)
+class TimingRecord:
+    """Everything measured about one request. Mutable while the request runs; final once ``end_ns`` is set."""
+
+    mode: str = "stream"
+    provider: str = ""
+    model: str = ""
+    host: str = ""
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    wall_start: float = field(default_factory=time.time)
+    t0_ns: int = field(default_factory=time.perf_counter_ns)
+    # The same instant on time.monotonic_ns's clock, so server stamps (monotonic) can be compared on any OS.
+    t0_mono_ns: int = field(default_factory=time.monotonic_ns)
+    phases: Phases = field(default_factory=Phases)
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    end_ns: int | None = None
+    chunk_ns: list[int] = field(default_factory=list)
+    content_chunks: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    usage_from_server: bool = False
+    http_version: str = ""
+    status: int | None = None
+    attempts: int = 1
+    retries: list[Any] = field(default_factory=list)  # RetryEvent, kept untyped so this module stays a leaf
+    cache_hit: bool = False
+    cancelled: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    finish_reason: str | None = None
+    server_timing: dict[str, int] | None = None
+
+    # -- derived figures, in milliseconds ---------------------------------------------------------------
+    @property
+    def connection_reused(self) -> bool:
+        return self.phases.reused
+
+    @property
+    def pool_wait_ms(self) -> float | None:
+        w = self.phases.pool_wait_ns
+        return None if w is None else w / _NS_PER_MS
+
+    @property
+    def connect_ms(self) -> float | None:
+        return _ms(self.phases.connect_start_ns, self.phases.connect_end_ns)
+
+    @property
+    def tls_ms(self) -> float | None:
+        return _ms(self.phases.tls_start_ns, self.phases.tls_end_ns)
+
+    @property
+    def send_ms(self) -> float | None:
+        return _ms(self.phases.send_start_ns, self.phases.send_end_ns)
+
+    @property
+    def ttfb_ms(self) -> float | None:
+        return _ms(self.t0_ns, self.phases.headers_ns)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return _ms(self.t0_ns, self.first_token_ns)
+
+    @property
+    def total_ms(self) -> float | None:
+        return _ms(self.t0_ns, self.end_ns)
+
+    @property
+    def itl_ms(self) -> list[float]:
+        c = self.chunk_ns
+        return [(c[i] - c[i - 1]) / _NS_PER_MS for i in range(1, len(c))]
+
+    @property
+    def tpot_ms(self) -> float | None:
+        if self.first_token_ns is None or self.last_token_ns is None or self.output_tokens < 2:
+            return None
+        return (self.last_token_ns - self.first_token_ns) / _NS_PER_MS / (self.output_tokens - 1)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.mode == "stream":
+            tpot = self.tpot_ms
+            return None if not tpot else 1000.0 / tpot
+        total = self.total_ms
+        return None if not total or not self.output_tokens else self.output_tokens * 1000.0 / total
+
+    @property
+    def server_first_token_mono_ns(self) -> int | None:
+        return None if self.server_timing is None else self.server_timing.get("first_token_ns")
+
+    def to_mono_ns(self, perf_ns: int) -> int:
+        """A perf_counter_ns stamp of this record on the time.monotonic_ns clock."""
+        return self.t0_mono_ns + (perf_ns - self.t0_ns)
+
+    def summary(self) -> dict[str, Any]:
+        """The flat, JSON-ready figures (``llmchat ask --json``, logs, exports). Never text or secrets."""
+        itl = self.itl_ms
+        return {
+            "request_id": self.request_id,
+            "provider": self.provider,
+            "model": self.model,
+            "host": self.host,
+            "mode": self.mode,
+            "http_version": self.http_version,
+            "connection_reused": self.connection_reused,
+            "status": self.status,
+            "pool_wait_ms": _round(self.pool_wait_ms),
+            "connect_ms": _round(self.connect_ms),
+            "tls_ms": _round(self.tls_ms),
+            "send_ms": _round(self.send_ms),
+            "ttfb_ms": _round(self.ttfb_ms),
+            "ttft_ms": _round(self.ttft_ms),
+            "total_ms": _round(self.total_ms),
+            "tpot_ms": _round(self.tpot_ms),
+            "itl_ms_p50": _round(percentile(itl, 50)),
+            "itl_ms_p99": _round(percentile(itl, 99)),
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_per_s": _round(self.tokens_per_s),
+            "attempts": self.attempts,
+            "retries": len(self.retries),
+            "retry_log": [r.describe() for r in self.retries],
+            "cache_hit": self.cache_hit,
+            "cancelled": self.cancelled,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "started_at": self.wall_start,
+        }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)

@@ -1,0 +1,302 @@
+"""The transport: one shared, pooled ``httpx.AsyncClient`` per provider, and the trace hook that stamps phases.
+
+This is the only module that imports httpx (httpx has had no release since 0.28.1; keeping it behind one seam
+means a fork or another client can replace it). Everything above sees ``WireResponse`` and llmchat's own
+errors, never httpx types.
+
+HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
+llama.cpp and vLLM speak no h2c); ``"h2c"`` speaks HTTP/2 with prior knowledge over plain http (llmchat's own
+server does); ``false`` is HTTP/1.1 only. The version actually used is read from each response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from llmchat.core import _errors as errors
+from llmchat.core._settings import HttpSettings
+from llmchat.core._timing import Phases
+
+_VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """Where and how to talk to one provider. ``api_key`` is masked in repr."""
+
+    name: str
+    base_url: str
+    api_key: str | None = None
+    api_key_source: str = "none"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    http: HttpSettings = field(default_factory=HttpSettings)
+
+    def __repr__(self) -> str:
+        key = "None" if self.api_key is None else "'***'"
+        return f"Endpoint(name={self.name!r}, base_url={self.base_url!r}, api_key={key}, http={self.http!r})"
+
+    @property
+    def hostport(self) -> str:
+        parts = urlsplit(self.base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return f"{parts.hostname}:{port}"
+
+
+class WireResponse:
+    """An open response: status, headers, the HTTP version, and the body as raw byte chunks.
+
+    Iterating the body raises llmchat errors (``StreamCutError``, ``TimeoutError``), never httpx ones.
+    """
+
+    __slots__ = ("_resp", "_endpoint", "status", "headers", "http_version")
+
+    def __init__(self, resp: httpx.Response, endpoint: Endpoint) -> None:
+        self._resp = resp
+        self._endpoint = endpoint
+        self.status = resp.status_code
+        self.headers: Mapping[str, str] = resp.headers
+        self.http_version = _VERSIONS.get(resp.http_version, resp.http_version)
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _body_error(exc, self._endpoint) from None
+
+    async def aread(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except httpx.HTTPError as exc:
+            raise _body_error(exc, self._endpoint) from None
+
+
+def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
+    if http.verify is False:
+        return False
+    if isinstance(http.verify, str):
+        # httpx 0.28 deprecates verify=<path>; a context built here also makes a bad path a clear error.
+        path = os.path.expanduser(http.verify)
+        try:
+            if os.path.isdir(path):
+                return ssl.create_default_context(capath=path)
+            return ssl.create_default_context(cafile=path)
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.ConfigError(
+                f"http.verify: cannot load the CA bundle {path} ({exc.__class__.__name__}: "
+                f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file or set it to true"
+            ) from None
+    return True  # httpx builds it, honouring SSL_CERT_FILE / SSL_CERT_DIR when trust_env is on
+
+
+def _build_client(endpoint: Endpoint) -> httpx.AsyncClient:
+    http = endpoint.http
+    h2c = http.http2 == "h2c"
+    headers = {"Accept-Encoding": "identity", "User-Agent": "llmchat"}
+    headers.update(endpoint.headers)
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    return httpx.AsyncClient(
+        base_url=endpoint.base_url.rstrip("/") + "/",
+        headers=headers,
+        # h2c: HTTP/2 only, which httpx speaks with prior knowledge on http:// URLs.
+        http1=not h2c,
+        http2=bool(http.http2),
+        verify=_ssl_context(http),
+        trust_env=http.trust_env,
+        limits=httpx.Limits(
+            max_connections=http.max_connections,
+            max_keepalive_connections=http.max_keepalive_connections,
+            keepalive_expiry=http.keepalive_expiry_s,
+        ),
+        timeout=httpx.Timeout(
+            connect=http.connect_timeout_s,
+            read=http.read_timeout_s,
+            write=http.write_timeout_s,
+            pool=http.pool_timeout_s,
+        ),
+        follow_redirects=False,
+    )
+
+
+class Transport:
+    """One provider's connection pool. Opened lazily on first request; ``aclose()`` closes it."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._client is not None
+
+    def _get_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = _build_client(self.endpoint)
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        phases: Phases,
+        stream: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[WireResponse]:
+        """Send one request and yield the open response (headers read, body not yet).
+
+        ``phases`` receives the stamps of this attempt. Failures before the headers raise ``ConnectError``,
+        ``TLSError``, ``TimeoutError`` or ``DisconnectedError``; the body's own failures surface while iterating.
+        """
+        client = self._get_client()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if stream:
+            headers["Accept"] = "text/event-stream"
+        if extra_headers:
+            headers.update(extra_headers)
+        req = client.build_request(method, path.lstrip("/"), content=body, headers=headers)
+        req.extensions["trace"] = _tracer(phases)
+        phases.start_ns = time.perf_counter_ns()
+        try:
+            resp = await client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            raise _send_error(exc, self.endpoint, phases) from None
+        phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
+        try:
+            yield WireResponse(resp, self.endpoint)
+        finally:
+            # Cancellation (Esc) lands here too: closing releases or drops the connection at once.
+            await asyncio.shield(resp.aclose())
+
+
+def _tracer(phases: Phases) -> Any:
+    # httpcore calls this for each phase with names like "connection.connect_tcp.started",
+    # "http11.send_request_headers.started" or "http2.receive_response_headers.complete". A request
+    # multiplexed on an open HTTP/2 connection sees no "connection.*" events: that is how reuse shows.
+    async def trace(name: str, info: Mapping[str, Any]) -> None:
+        now = time.perf_counter_ns()
+        _, _, event = name.partition(".")
+        if event == "connect_tcp.started":
+            phases.connect_start_ns = now
+        elif event == "connect_tcp.complete":
+            phases.connect_end_ns = now
+        elif event == "start_tls.started":
+            phases.tls_start_ns = now
+        elif event == "start_tls.complete":
+            phases.tls_end_ns = now
+        elif event == "send_request_headers.started":
+            phases.send_start_ns = now
+        elif event == "send_request_body.complete":
+            phases.send_end_ns = now
+        elif event == "receive_response_headers.complete":
+            phases.headers_ns = now
+
+    return trace
+
+
+def _cause_chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.APIError:
+    where = ep.hostport
+    text = " ".join(str(e) for e in _cause_chain(exc)).lower()
+    http = ep.http
+    if isinstance(exc, httpx.PoolTimeout):
+        return errors.TimeoutError(
+            f"no free connection to {where} within {http.pool_timeout_s:g} s (http.pool_timeout_s); "
+            f"too many requests in flight for http.max_connections = {http.max_connections}",
+            phase="pool",
+        )
+    if isinstance(exc, httpx.ConnectTimeout):
+        return errors.TimeoutError(
+            f"connecting to {where} timed out after {http.connect_timeout_s:g} s; check the host is up and "
+            "reachable, or raise http.connect_timeout_s",
+            phase="connect",
+        )
+    if isinstance(exc, httpx.ReadTimeout):
+        return errors.TimeoutError(
+            f"{where} sent no response for {http.read_timeout_s:g} s (http.read_timeout_s); the server is "
+            "stalled or overloaded: try again or raise http.read_timeout_s",
+            phase="read",
+        )
+    if isinstance(exc, httpx.WriteTimeout):
+        return errors.TimeoutError(
+            f"sending the request to {where} timed out after {http.write_timeout_s:g} s; "
+            "raise http.write_timeout_s",
+            phase="write",
+        )
+    if any(isinstance(e, ssl.SSLError) for e in _cause_chain(exc)) or "ssl" in text or "certificate" in text:
+        reason = next((str(e) for e in _cause_chain(exc) if isinstance(e, ssl.SSLError)), str(exc))
+        return errors.TLSError(
+            f"TLS handshake with {where} failed ({_short(reason)}); for a self-signed server set "
+            "http.verify to its CA file (or false for a local test server); check base_url's scheme"
+        )
+    if isinstance(exc, httpx.ConnectError):
+        if any(s in text for s in ("name or service not known", "nodename nor servname", "temporary failure in "
+                                   "name resolution", "no address associated", "name resolution", "getaddrinfo")):
+            host = urlsplit(ep.base_url).hostname
+            return errors.ConnectError(
+                f"cannot resolve host {host} (DNS lookup failed); check the spelling of base_url for "
+                f"provider {ep.name!r} and your network"
+            )
+        if "refused" in text:
+            return errors.ConnectError(
+                f"connection refused by {where}: nothing is listening there; start a local server with "
+                f"`llmchat serve` or check base_url for provider {ep.name!r}"
+            )
+        return errors.ConnectError(f"cannot connect to {where} ({_short(str(exc))}); check base_url and the network")
+    if isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in text:
+        return errors.DisconnectedError(
+            f"{where} closed the connection without sending a response; it may have been restarted, or it "
+            "closes kept-alive connections: try again",
+            reused=phases.reused,
+        )
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return errors.ConfigError(
+            f"base_url {ep.base_url!r} for provider {ep.name!r} is not an http:// or https:// URL; fix base_url"
+        )
+    return errors.ConnectError(
+        f"request to {where} failed before a response ({exc.__class__.__name__}: {_short(str(exc))}); try again"
+    )
+
+
+def _body_error(exc: httpx.HTTPError, ep: Endpoint) -> errors.APIError:
+    if isinstance(exc, httpx.ReadTimeout):
+        return errors.TimeoutError(
+            f"{ep.hostport} stopped sending for {ep.http.read_timeout_s:g} s (http.read_timeout_s) mid-reply; "
+            "the server stalled: try again or raise http.read_timeout_s",
+            phase="read",
+        )
+    return errors.StreamCutError(
+        f"the connection to {ep.hostport} dropped mid-reply ({_short(str(exc)) or exc.__class__.__name__}); "
+        "try again"
+    )
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 120 else text[:117] + "..."
