@@ -31,7 +31,7 @@ class HttpSettings:
     connect_timeout_s: float = 10.0
     """Give up opening a connection (DNS, TCP and TLS) after this many seconds."""
     read_timeout_s: float = 120.0
-    """Give up when no byte has arrived for this many seconds (at least 60: models think before they speak)."""
+    """Give up when no byte has arrived for this many seconds (keep it at 60 or more: models think before they speak)."""
     write_timeout_s: float = 30.0
     """Give up sending a request body after this many seconds."""
     pool_timeout_s: float = 10.0

@@ -74,7 +74,7 @@ BAD_VALUES = [
     ('[http]\nhttp2 = "yes"', 'http.http2 must be true, false or "h2c", got "yes"'),
     ("[http]\nhttp2 = 2", 'http.http2 must be true, false or "h2c", got 2'),
     ('[http]\nverify = ""', 'http.verify must be true, false or the path of a CA bundle, got ""'),
-    ("[http]\nread_timeout_s = 5", "http.read_timeout_s must be a number of seconds, at least 60, got 5"),
+    ("[http]\nread_timeout_s = 0", "http.read_timeout_s must be a positive number of seconds, got 0"),
     (
         "[http]\nkeepalive_expiry_s = -1",
         "http.keepalive_expiry_s must be a non-negative number of seconds, got -1",
