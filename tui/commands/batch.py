@@ -1,15 +1,112 @@
-"""`llmchat batch`: placeholder until its issue lands."""
+"""`llmchat batch IN.jsonl -o OUT.jsonl`: bulk replies through the micro-batcher, resumable and cache-aware."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from llmchat.core import ChatClient, load_settings
+from llmchat.core._errors import UsageError
+from llmchat.core._jobs import Job, JobSummary, done_ids, open_output, read_jobs, run_jobs
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.commands._provider import offline_default
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("batch", help="(not built yet)")
+    p = sub.add_parser("batch", help="bulk jobs: JSONL prompts in, JSONL replies with timing records out",
+                       description="Run every line of IN.jsonl ({\"id\", \"messages\" or \"prompt\", params...}) "
+                       "and append one result line per job to OUT.jsonl. Ids already in OUT are skipped, so "
+                       "an interrupted run resumes.")
+    p.add_argument("input", help="the JSONL file of jobs (- for stdin)")
+    p.add_argument("-o", "--output", required=True, help="the JSONL file results are appended to")
+    p.add_argument("--provider", help="a provider name from the config")
+    p.add_argument("--base-url", help="an OpenAI-compatible API root to use instead")
+    p.add_argument("--model", help="the model for jobs that name none")
+    p.add_argument("--concurrency", type=int, help="requests in flight at once (batch.concurrency)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("llmchat batch: not built yet")
-    return 2
+    overrides = {"batch.concurrency": args.concurrency} if args.concurrency else None
+    settings = load_settings(args.config, overrides=overrides)
+    source = "stdin" if args.input == "-" else args.input
+    try:
+        text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {source} ({getattr(exc, 'strerror', None) or exc}); check the path") from None
+    jobs, bad = read_jobs(text.splitlines(), source=Path(source).name)
+    for line in bad:
+        print(f"llmchat: {line}", file=sys.stderr)
+    out_path = Path(args.output)
+    already = done_ids(out_path)
+    todo = [j for j in jobs if j.id not in already]
+    with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (base_url, http2, model):
+        args.model = args.model or model
+        summary = asyncio.run(_run(args, settings, todo, out_path, base_url, http2))
+    summary.skipped = len(jobs) - len(todo)
+    summary.bad_lines = bad
+    print(summary_table(summary), file=sys.stderr)
+    return 1 if summary.failed else 0
+
+
+async def _run(args: argparse.Namespace, settings, todo: list[Job], out_path: Path,  # type: ignore[no-untyped-def]
+               base_url: str | None, http2: object) -> JobSummary:
+    progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
+    async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
+                          http2=http2) as client:  # type: ignore[arg-type]
+        with open_output(out_path) as out:
+            try:
+                return await run_jobs(client, todo, out, on_result=progress.update)
+            finally:
+                progress.close()
+
+
+class Progress:
+    """A one-line progress bar on stderr: done/total, rate and ETA. Redrawn at most 10 times a second."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total, self.done, self.failed = total, 0, 0
+        self.enabled = enabled
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def update(self, _job: Job, _record: TimingRecord | None, error: str | None) -> None:
+        self.done += 1
+        self.failed += error is not None
+        now = time.monotonic()
+        if self.enabled and (now - self._last >= 0.1 or self.done == self.total):
+            self._last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate else 0.0
+            width = 30
+            filled = int(width * self.done / max(self.total, 1))
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {rate:.1f}/s ETA {eta:.0f}s "
+                             f"failed {self.failed}   ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def summary_table(s: JobSummary) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f} ms"
+
+    rows = [
+        ("ok", str(s.ok)),
+        ("failed", str(s.failed)),
+        ("skipped (already done)", str(s.skipped)),
+        ("bad input lines", str(len(s.bad_lines))),
+        ("cache hits", str(s.cache_hits)),
+        ("retries", str(s.retries)),
+        ("latency p50", ms(s.p50_ms)),
+        ("latency p99", ms(s.p99_ms)),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

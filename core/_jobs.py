@@ -1,0 +1,171 @@
+"""Bulk jobs for `llmchat batch`: JSONL in, JSONL out, resumable, one result line per input line.
+
+Input lines: ``{"id": ..., "messages": [...]}`` or ``{"id": ..., "prompt": "..."}`` plus optional generation
+parameters (``model``, ``temperature``, ``max_tokens``, ``seed`` ...). Each result is written whole, with its
+timing record, as soon as it completes; ids already in the output are skipped, so a stopped run resumes where
+it stopped. A failed line is written with its error and never stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from llmchat.core._batcher import MicroBatcher
+from llmchat.core._errors import APIError, UsageError
+from llmchat.core._settings import BatchSettings
+from llmchat.core._timing import TimingRecord, percentile
+
+if TYPE_CHECKING:
+    from llmchat.core._client import ChatClient
+
+_RESERVED = {"id", "messages", "prompt", "system"}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    lineno: int
+
+
+@dataclass(slots=True)
+class JobSummary:
+    """What a run did. Latencies are of the requests this run made (cache hits included)."""
+
+    total: int = 0
+    skipped: int = 0
+    ok: int = 0
+    failed: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    bad_lines: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def p50_ms(self) -> float | None:
+        return percentile(self.latencies_ms, 50)
+
+    @property
+    def p99_ms(self) -> float | None:
+        return percentile(self.latencies_ms, 99)
+
+
+def read_jobs(lines: Iterable[str], *, source: str = "input") -> tuple[list[Job], list[str]]:
+    """Parse input lines. Returns the jobs and one message per bad line (``input.jsonl:7: ...``)."""
+    jobs: list[Job] = []
+    bad: list[str] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            bad.append(f"{source}:{lineno}: not JSON ({exc.msg}); skipped")
+            continue
+        if not isinstance(obj, dict):
+            bad.append(f"{source}:{lineno}: not a JSON object; skipped")
+            continue
+        job_id = obj.get("id", lineno)
+        job_id = str(job_id)
+        messages = obj.get("messages")
+        if messages is None and isinstance(obj.get("prompt"), str):
+            messages = [{"role": "user", "content": obj["prompt"]}]
+            if isinstance(obj.get("system"), str):
+                messages.insert(0, {"role": "system", "content": obj["system"]})
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            bad.append(f"{source}:{lineno}: no messages (give \"messages\": [...] or \"prompt\": \"...\"); skipped")
+            continue
+        if job_id in seen:
+            bad.append(f"{source}:{lineno}: duplicate id {job_id!r}; skipped")
+            continue
+        seen.add(job_id)
+        params = {k: v for k, v in obj.items() if k not in _RESERVED}
+        jobs.append(Job(job_id, messages, params, lineno))
+    return jobs, bad
+
+
+def done_ids(out_path: Path) -> set[str]:
+    """Ids already written to ``out_path``. A last line cut short by a crash is removed so it reruns."""
+    if not out_path.exists():
+        return set()
+    data = out_path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        # A crash (not Ctrl-C, which finishes lines) can leave a partial line: drop it so the file stays JSONL.
+        cut = data.rfind(b"\n") + 1
+        with out_path.open("r+b") as f:
+            f.truncate(cut)
+        data = data[:cut]
+    ids: set[str] = set()
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "id" in obj:
+            ids.add(str(obj["id"]))
+    return ids
+
+
+async def run_jobs(
+    client: ChatClient,
+    jobs: list[Job],
+    out: TextIO,
+    *,
+    settings: BatchSettings | None = None,
+    on_result: Callable[[Job, TimingRecord | None, str | None], None] | None = None,
+) -> JobSummary:
+    """Run ``jobs`` through the micro-batcher and write one line each to ``out`` as it completes."""
+    summary = JobSummary(total=len(jobs))
+
+    async def handle(job: Job) -> None:
+        params = dict(job.params)
+        model = params.pop("model", None)
+        record: TimingRecord | None = None
+        line: dict[str, Any] = {"id": job.id}
+        error: str | None = None
+        try:
+            reply = await client.complete(job.messages, model=model, **params)
+        except APIError as exc:
+            error = str(exc)
+            record = getattr(exc, "record", None)
+            line.update({"reply": None, "error": error})
+            summary.failed += 1
+        except UsageError as exc:
+            error = str(exc)
+            line.update({"reply": None, "error": error})
+            summary.failed += 1
+        else:
+            record = reply.record
+            line.update({"reply": reply.text, "finish_reason": reply.finish_reason, "usage": reply.usage,
+                         "error": None})
+            summary.ok += 1
+        if record is not None:
+            line["record"] = record.summary()
+            summary.retries += len(record.retries)
+            summary.cache_hits += int(record.cache_hit)
+            if record.total_ms is not None and error is None:
+                summary.latencies_ms.append(record.total_ms)
+        # One write per line, from the event loop thread: a cancel (Ctrl-C) can't split it.
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        out.flush()
+        if on_result is not None:
+            on_result(job, record, error)
+
+    async with MicroBatcher(handle, settings or client.settings.batch) as batcher:
+        import asyncio
+
+        await asyncio.gather(*(batcher.submit(j) for j in jobs))
+    return summary
+
+
+def open_output(path: Path) -> TextIO:
+    """Open the results file for appending (created 0600: replies can be private)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
