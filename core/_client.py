@@ -549,6 +549,7 @@ def _apply_usage(record: TimingRecord, usage: Mapping[str, Any] | None, *, fallb
 
 
 def _fail(record: TimingRecord, exc: errors.APIError) -> None:
+    exc.record = record
     record.error = str(exc)
     record.error_kind = exc.kind
     if exc.status is not None:

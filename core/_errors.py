@@ -67,6 +67,8 @@ class APIError(LLMChatError):
         self.partial_text = partial_text
         self.tokens_received = tokens_received
         self.body_started = body_started
+        #: The request's TimingRecord, attached by the client, so a failure keeps its timings too.
+        self.record: object | None = None
 
     @property
     def kind(self) -> str:
