@@ -42,6 +42,8 @@ class ServerApp:
         self.created = int(time.time())
         self._request_prefix = "req_" + os.urandom(4).hex()
         self._requests = 0
+        self._active: set[Exchange] = set()
+        self._hurrying = False
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
             "/v1/models": {"GET": self._list_models},
@@ -64,6 +66,9 @@ class ServerApp:
         self._requests += 1
         ex.extra_headers.append((b"x-request-id", f"{self._request_prefix}{self._requests:08x}".encode()))
         watcher: asyncio.Task[None] | None = None
+        self._active.add(ex)
+        if self._hurrying:
+            ex.hurry()
         try:
             handler = self._route(ex)
             body = await ex.read_body()
@@ -80,8 +85,15 @@ class ServerApp:
             await ex.fail(HTTPFailure(500, "The server had an error while processing your request.",
                                       type_="server_error"))
         finally:
+            self._active.discard(ex)
             if watcher is not None:
                 watcher.cancel()
+
+    def hurry(self) -> None:
+        """The server is stopping: finish every reply in flight at once, unpaced, so none has to be cancelled."""
+        self._hurrying = True
+        for ex in self._active:
+            ex.hurry()
 
     def _route(self, ex: Exchange) -> Handler:
         path = ex.path.rstrip("/") or "/"

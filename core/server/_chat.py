@@ -124,7 +124,8 @@ class ChatResponder:
             now = loop.time()
             parts: list[bytes] = []
             size = 0
-            while i < n and due <= now and size < MAX_WRITE and i != drop_after and not (i == stall_at and parts):
+            ready = now if not ex.hurrying else float("inf")
+            while i < n and due <= ready and size < MAX_WRITE and i != drop_after and not (i == stall_at and parts):
                 if i == 0:
                     first_ns = time.monotonic_ns()
                 if i < n - 1:
@@ -137,7 +138,7 @@ class ChatResponder:
                 i += 1
                 if i < n:
                     due = max(due, origin + (i - origin_k) * self._interval + self.dice.jitter())
-            if ex.disconnected.is_set():
+            if ex.disconnected:
                 return
             if i == n:
                 if self.settings.close_after_stream and h11:

@@ -60,7 +60,11 @@ class Exchange:
         self.body = b""
         """The request body, once read."""
         self.started = False
-        self.disconnected = asyncio.Event()
+        self.disconnected = False
+        """The client went away: stop working on its reply."""
+        self.hurrying = False
+        """The server is shutting down: finish this reply now, without the pauses of the latency profile."""
+        self._wake = asyncio.Event()
         self.extra_headers: Headers = []
         """Headers every reply to this request carries (rate-limit state, request id)."""
 
@@ -95,7 +99,7 @@ class Exchange:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.disconnected.set()
+                self.disconnected = True
                 raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -113,18 +117,23 @@ class Exchange:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.disconnected.set()
+                self.disconnected = True
+                self._wake.set()
                 return
 
+    def hurry(self) -> None:
+        """Cut every pause short from now on (the server is stopping and wants this reply finished)."""
+        self.hurrying = True
+        self._wake.set()
+
     async def pause(self, seconds: float) -> bool:
-        """Wait ``seconds``, or less if the client disconnects; True if the client is still there."""
-        if seconds > 0 and not self.disconnected.is_set():
+        """Wait ``seconds``, less if the client disconnects or the server hurries; True if the client is there."""
+        if seconds > 0 and not self._wake.is_set():
             try:
-                await asyncio.wait_for(self.disconnected.wait(), seconds)
+                await asyncio.wait_for(self._wake.wait(), seconds)
             except TimeoutError:
                 pass
-        return not self.disconnected.is_set()
-
+        return not self.disconnected
     async def respond(
         self,
         status: int,

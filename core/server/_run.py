@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config, Sockets
@@ -28,8 +29,11 @@ from llmchat.core.server._connections import ConnectionRegistry, TrackingSocket
 from llmchat.core.server._profiles import validate_settings
 from llmchat.core.server._tls import TLSFiles, self_signed, user_files
 
+Handler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+
 GRACEFUL_S = 2.0
-"""On shutdown, replies in flight get this long to finish before they are cancelled."""
+"""On shutdown, replies in flight are finished at once (unpaced); any still going after this long (a client
+that stopped reading) are cancelled."""
 KEEP_ALIVE_S = 120.0
 """An idle keep-alive connection is closed after this long: longer than clients keep idle connections (30 s by
 default), so a client's pool, not the server, decides when a connection retires."""
@@ -122,9 +126,18 @@ async def _serve(
         info = Listening(host, port, "https" if tls else "http", tls.trust_path if tls else None)
         if on_listening is not None:
             on_listening(info)
+        app = ServerApp(settings, registry)
+
+        async def stopping() -> None:
+            await shutdown.wait()
+            app.hurry()
+            loop.set_exception_handler(_drop_cancelled_noise(loop.get_exception_handler()))
+
+        previous_handler = loop.get_exception_handler()
         try:
-            await hypercorn_serve(ServerApp(settings, registry), config, shutdown_trigger=shutdown.wait, mode="asgi")
+            await hypercorn_serve(app, config, shutdown_trigger=stopping, mode="asgi")
         finally:
+            loop.set_exception_handler(previous_handler)
             if remove_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
@@ -154,6 +167,22 @@ def _bind(host: str, port: int, registry: ConnectionRegistry) -> socket.socket:
             f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port, or --port 0 for a free one"
         ) from None
     return sock
+
+
+def _drop_cancelled_noise(previous: Handler | None) -> Handler:
+    """An exception handler that drops the CancelledError asyncio.streams reports for a connection task that
+    hypercorn cancels at the end of its graceful period (Python 3.11 logs it with a traceback; 3.12 does not),
+    and passes everything else on."""
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    return handler
 
 
 def _install_signals(loop: asyncio.AbstractEventLoop, shutdown: asyncio.Event) -> bool:

@@ -36,7 +36,7 @@ class SubprocessServer:
         self.cert_path = cert_path
         """The PEM file to pass as ``verify=`` when the child serves TLS; else None."""
         self._stderr: list[str] = []
-        self._stderr_thread: threading.Thread | None = None
+        self._pumps: list[threading.Thread] = []
 
     @property
     def stderr(self) -> str:
@@ -52,8 +52,7 @@ class SubprocessServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
-        if self._stderr_thread is not None:
-            self._stderr_thread.join(timeout)
+        _close_pipes(self.process, self._pumps, timeout)
         return self.process.returncode
 
     def __enter__(self) -> SubprocessServer:
@@ -80,9 +79,12 @@ def start_subprocess(args: list[str], *, timeout: float = 30.0) -> SubprocessSer
     assert process.stdout is not None and process.stderr is not None
     lines: queue.Queue[str | None] = queue.Queue()
     stderr: list[str] = []
-    threading.Thread(target=_pump_lines, args=(process.stdout, lines), daemon=True).start()
-    stderr_thread = threading.Thread(target=_keep, args=(process.stderr, stderr), daemon=True)
-    stderr_thread.start()
+    pumps = [
+        threading.Thread(target=_pump_lines, args=(process.stdout, lines), daemon=True),
+        threading.Thread(target=_keep, args=(process.stderr, stderr), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -92,16 +94,25 @@ def start_subprocess(args: list[str], *, timeout: float = 30.0) -> SubprocessSer
             found = _READY.match(line.strip())
             if found:
                 server = SubprocessServer(process, found["url"], found["cert"])
-                server._stderr, server._stderr_thread = stderr, stderr_thread
+                server._stderr, server._pumps = stderr, pumps
                 return server
     except queue.Empty:
         pass
     if process.poll() is None:
         process.kill()
     process.wait(timeout)
-    stderr_thread.join(timeout)
+    _close_pipes(process, pumps, timeout)
     last = ("".join(stderr).strip().splitlines() or ["(nothing on stderr)"])[-1]
     raise LLMChatError(f"llmchat serve did not start (exit status {process.returncode}): {last}")
+
+
+def _close_pipes(process: subprocess.Popen[str], pumps: list[threading.Thread], timeout: float) -> None:
+    # The pumps end at EOF, which comes when the child exits; then the pipes can close.
+    for pump in pumps:
+        pump.join(timeout)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None and not any(p.is_alive() for p in pumps):
+            stream.close()
 
 
 def _pump_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
