@@ -1,0 +1,87 @@
+"""The project's shape: what CI runs, what the packages export, which layer imports what."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import llmchat.core
+from llmchat.tui.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```sh\n(.+?)\n```", text)
+
+
+def test_readme_opens_with_the_install_and_the_test_command() -> None:
+    commands = _readme_commands()
+    assert len(commands) >= 2
+    start, tests = commands[0], commands[1]
+    assert "pip install" in start and start.rstrip().endswith("llmchat")
+    assert "pip install" in tests and '".[test]"' in tests and "pytest" in tests
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = _readme_commands()[1]
+    assert test_command in ci.splitlines(), "the .ci/run test line must be README's test command, verbatim"
+
+
+def test_public_surface_is_exactly_all() -> None:
+    # `annotations` is the __future__ feature object, not an export.
+    public = {n for n in dir(llmchat.core) if not n.startswith("_") and n != "annotations"} | {"__version__"}
+    modules = {n for n in public if type(getattr(llmchat.core, n)).__name__ == "module"}
+    assert set(llmchat.core.__all__) == public - modules
+    assert len(llmchat.core.__all__) == len(set(llmchat.core.__all__))
+
+
+def test_help_lists_every_subcommand(capsys) -> None:  # type: ignore[no-untyped-def]
+    parser = build_parser()
+    help_text = parser.format_help()
+    for name in ("ask", "serve", "batch", "config", "cache", "chat"):
+        assert re.search(rf"^\s+{name}\s", help_text, re.M), name
+
+
+def test_version(capsys) -> None:  # type: ignore[no-untyped-def]
+    try:
+        main(["--version"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    assert capsys.readouterr().out.strip() == f"llmchat {llmchat.core.__version__}"
+
+
+def _imports(folder: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in folder.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_core_never_imports_textual_and_tui_never_imports_httpx() -> None:
+    for path, names in _imports(ROOT / "core").items():
+        assert "textual" not in names, path
+    for path, names in _imports(ROOT / "tui").items():
+        assert "httpx" not in names and "httpcore" not in names, path
+
+
+def test_only_the_transport_imports_httpx() -> None:
+    users = sorted(p for p, names in _imports(ROOT / "core").items() if "httpx" in names)
+    assert users == ["core/_transport.py"]
+
+
+def test_console_script_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "llmchat.tui", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "serve" in out.stdout
