@@ -221,6 +221,17 @@ def _cause_chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+def _refused(exc: BaseException) -> bool:
+    # anyio wraps a refusal as OSError("All connection attempts failed") from ConnectionRefusedError, whose
+    # text ("Connect call failed") never says "refused"; with several addresses the causes are in a group.
+    for e in _cause_chain(exc):
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        if isinstance(e, BaseExceptionGroup) and any(_refused(sub) for sub in e.exceptions):
+            return True
+    return False
+
+
 def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.APIError:
     where = ep.hostport
     text = " ".join(str(e) for e in _cause_chain(exc)).lower()
@@ -263,7 +274,7 @@ def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.AP
                 f"cannot resolve host {host} (DNS lookup failed); check the spelling of base_url for "
                 f"provider {ep.name!r} and your network"
             )
-        if "refused" in text:
+        if "refused" in text or _refused(exc):
             return errors.ConnectError(
                 f"connection refused by {where}: nothing is listening there; start a local server with "
                 f"`llmchat serve` or check base_url for provider {ep.name!r}"
