@@ -8,6 +8,7 @@ SSE decoder and the wire parser turn bytes into deltas; the cache answers batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -26,6 +27,9 @@ from llmchat.core._transport import Endpoint, Transport, WireResponse
 from llmchat.core.sse import SSEDecoder
 
 Message = Mapping[str, Any]
+
+#: How long a finished stream may take to deliver the rest of its body before its connection is dropped.
+_DRAIN_S = 1.0
 
 
 @dataclass(slots=True)
@@ -491,7 +495,8 @@ class ChatStream:
                 return
             decoder = SSEDecoder(extra_fields=("error",))
             done = False
-            async for raw in resp.aiter_bytes():
+            body = resp.aiter_bytes()
+            async for raw in body:
                 now = time.perf_counter_ns()
                 for event in decoder.feed(raw):
                     data = event.data
@@ -529,6 +534,18 @@ class ChatStream:
                     f"the stream from {client.endpoint.hostport} ended without [DONE] or a finish_reason "
                     "(the connection closed early); try again"
                 )
+            if done:
+                await _drain(body)
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    # The end of the body (HTTP/1.1's last chunk) follows [DONE]; a response closed before it is read makes
+    # httpcore drop the connection, so every stream would cost the next request a reconnect. Bounded: a server
+    # that holds the body open after [DONE] loses its connection instead of stalling the caller.
+    with contextlib.suppress(errors.APIError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in body:
+                pass
 
 
 def _error_line(data: str) -> str:
