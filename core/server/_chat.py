@@ -113,6 +113,13 @@ class ChatResponder:
         escaped, n = reply.escaped, len(reply.tokens)
         drop_after = self.dice.drop_after(n)
         stall_at = n // 2 if self._stall > 0 and n > 1 else -1
+        if n == 0:  # a stop sequence at the very start: an empty reply still ends like any other
+            if await ex.pause(first_due - loop.time()):
+                await self._finish(ex, h11, self._final_empty(ex, req, template, reply, usage))
+            return
+        if self._interval == 0 and self.dice.jitter_s == 0 and stall_at < 0 and drop_after is None:
+            await self._unpaced(ex, h11, req, template, reply, usage, first_due)
+            return
         # Token k is due at origin + (k - origin_k) * interval + jitter; the stall moves the origin.
         origin, origin_k = first_due, 0
         first_ns = last_ns = 0
@@ -141,9 +148,7 @@ class ChatResponder:
             if ex.disconnected:
                 return
             if i == n:
-                if self.settings.close_after_stream and h11:
-                    self.registry.doom(ex.scope.get("client"))
-                await ex.write(b"".join(parts), more=False)
+                await self._finish(ex, h11, b"".join(parts))
                 return
             if parts:
                 await ex.write(b"".join(parts))
@@ -155,11 +160,37 @@ class ChatResponder:
                 # The stall is a gap of at least stall_ms after the last token actually sent, however late.
                 origin, origin_k = loop.time() + self._stall, stall_at
                 due = max(due, origin + self.dice.jitter())
-        # An empty reply (a stop sequence at the very start) still ends like any other.
-        if await ex.pause(first_due - loop.time()):
-            if self.settings.close_after_stream and h11:
-                self.registry.doom(ex.scope.get("client"))
-            await ex.write(self._final_empty(ex, req, template, reply, usage), more=False)
+
+    async def _unpaced(
+        self,
+        ex: Exchange,
+        h11: bool,
+        req: ChatRequest,
+        template: _wire.ChunkTemplate,
+        reply: Reply,
+        usage: dict[str, int],
+        first_due: float,
+    ) -> None:
+        """The whole reply at once, in MAX_WRITE slices cut wherever they fall (inside events and characters)."""
+        if not await ex.pause(first_due - asyncio.get_running_loop().time()):
+            return
+        first_ns = time.monotonic_ns()
+        body = template.contents(reply.escaped[:-1])
+        sent = 0
+        while len(body) - sent > MAX_WRITE:
+            await ex.write(body[sent : sent + MAX_WRITE], split_utf8=False)
+            sent += MAX_WRITE
+            if ex.disconnected:
+                return
+        final = self._final(ex, req, template, reply, usage, first_ns, time.monotonic_ns())
+        await self._finish(ex, h11, body[sent:] + final)
+
+    async def _finish(self, ex: Exchange, h11: bool, data: bytes) -> None:
+        """Send the last bytes of a stream; with close_after_stream, doom its HTTP/1.1 connection first (the
+        next request may arrive the moment these bytes do)."""
+        if self.settings.close_after_stream and h11:
+            self.registry.doom(ex.scope.get("client"))
+        await ex.write(data, more=False)
 
     def _final(
         self,

@@ -8,6 +8,7 @@ Stream chunks are built from byte templates made once per request, so a token co
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
@@ -52,7 +53,8 @@ class ChunkTemplate:
             % (completion_id, created, json.dumps(model, ensure_ascii=False), FINGERPRINT)
         ).encode()
         self._prefix = b"data: " + self._head + b'"choices":[{"index":0,"delta":{"content":"'
-        self._tail = b'"},"logprobs":null,"finish_reason":null}]' + (b',"usage":null' if include_usage else b"") + b"}\n\n"
+        usage_null = b',"usage":null' if include_usage else b""
+        self._tail = b'"},"logprobs":null,"finish_reason":null}]' + usage_null + b"}\n\n"
 
     def role(self) -> bytes:
         """The first event: the assistant role with empty content, no token yet."""
@@ -66,6 +68,12 @@ class ChunkTemplate:
     def content(self, escaped: bytes) -> bytes:
         """One content token, already JSON-escaped."""
         return self._prefix + escaped + self._tail
+
+    def contents(self, escaped: Sequence[bytes]) -> bytes:
+        """Consecutive content events, one per token, built by a single join."""
+        if not escaped:
+            return b""
+        return self._prefix + (self._tail + self._prefix).join(escaped) + self._tail
 
     def last(self, escaped: bytes, finish_reason: str, extra: dict[str, Any] | None) -> bytes:
         """The last content token with ``finish_reason``; ``extra`` (server_timing, ...) merged in when given."""
