@@ -281,10 +281,17 @@ def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.AP
             )
         return errors.ConnectError(f"cannot connect to {where} ({_short(str(exc))}); check base_url and the network")
     if isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in text:
+        if not phases.reused:
+            # A fresh connection closed unanswered is most often plain http:// sent to a TLS port.
+            return errors.DisconnectedError(
+                f"{where} closed a new connection without sending a response; if it serves HTTPS, make "
+                "base_url start with https://, else try again",
+                reused=False,
+            )
         return errors.DisconnectedError(
             f"{where} closed the connection without sending a response; it may have been restarted, or it "
             "closes kept-alive connections: try again",
-            reused=phases.reused,
+            reused=True,
         )
     if isinstance(exc, httpx.UnsupportedProtocol):
         return errors.ConfigError(
