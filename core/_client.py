@@ -427,7 +427,9 @@ class ChatStream:
             exc.partial_text = self.text
             exc.tokens_received = record.output_tokens or record.content_chunks
             if isinstance(exc, errors.StreamCutError | errors.TimeoutError) and self._parts:
-                exc.args = (f"{exc} ({exc.tokens_received} tokens arrived and are kept)",)
+                n = exc.tokens_received
+                kept = "1 token arrived and is kept" if n == 1 else f"{n} tokens arrived and are kept"
+                exc.args = (f"{exc} ({kept})",)
             _fail(record, exc)
             raise
         except (asyncio.CancelledError, GeneratorExit):
