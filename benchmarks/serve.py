@@ -1,18 +1,18 @@
-"""What `llmchat serve --profile instant` sustains: streamed tokens/s and requests/s at 1, 10 and 100 concurrent
-streams, over HTTP/1.1 and h2c.
+"""What `llmchat serve --profile instant` sustains: streamed tokens/s and requests/s at 1, 10 and 100
+concurrent streams, over HTTP/1.1 and h2c.
 
 The server runs in its own process (``start_subprocess``), so it has a core to itself on a 2-core machine; the
 clients are httpx ``AsyncClient`` pools in this process. HTTP/1.1 uses one connection per concurrent stream,
-spread over pools of at most 10 connections: one httpx pool of 100 connections slows to a crawl by itself (about
-24 streams/s here, against 300 with ten pools of 10), and that would measure httpx, not the server. h2c
-multiplexes all streams on one connection. Each stream asks for ``--tokens`` tokens (300 by default) and is read
-to ``[DONE]``; each cell runs for a fixed time after a short warm-up.
+spread over pools of at most 10 connections: one httpx pool of 100 connections slows to a crawl by itself
+(about 24 streams/s here, against 300 with ten pools of 10), and that would measure httpx, not the server.
+h2c multiplexes all streams on one connection. Each stream asks for ``--tokens`` tokens (300 by default) and
+is read to ``[DONE]``; each cell runs for a fixed time after a short warm-up.
 
 Columns: ``tok/s`` streamed tokens per second, ``req/s`` streams per second, ``srv ms`` the median of the
-server's own ``server_timing`` (last token sent minus request received), ``srv cpu`` and ``cli cpu`` the share of
-one core the server process and this process used (near 1.00 marks the side that is the bottleneck), and
-``srv tok/s/core`` what the server would sustain with a whole core busy (tok/s divided by srv cpu): its capacity,
-whichever side limited the run.
+server's own ``server_timing`` (last token sent minus request received), ``srv cpu`` and ``cli cpu`` the share
+of one core the server process and this process used (near 1.00 marks the side that is the bottleneck), and
+``srv tok/s/core`` what the server would sustain with a whole core busy (tok/s divided by srv cpu): its
+capacity, whichever side limited the run.
 
 Same-run baselines, so figures compare across noisy machines: ``vs 1 stream`` divides each cell's tok/s by the
 1-stream tok/s of the same protocol; ``vs plain`` divides each cell's req/s by what a plain HTTP/1.1 loop of
@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass
 
 import httpx
-
 from llmchat.core.server import SubprocessServer, start_subprocess
 
 CONCURRENCY = (1, 10, 100)
@@ -83,8 +82,12 @@ def make_clients(protocol: str, concurrency: int, base_url: str) -> list[httpx.A
         return [httpx.AsyncClient(base_url=base_url, http1=False, http2=True, timeout=30, verify=_UNUSED_TLS)]
     sizes = [min(POOL, concurrency - start) for start in range(0, concurrency, POOL)]
     return [
-        httpx.AsyncClient(base_url=base_url, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                          timeout=30, verify=_UNUSED_TLS)
+        httpx.AsyncClient(
+            base_url=base_url,
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+            timeout=30,
+            verify=_UNUSED_TLS,
+        )
         for n in sizes
     ]
 
@@ -133,8 +136,16 @@ async def run_cell(
     finally:
         for client in clients:
             await client.aclose()
-    return Cell(protocol, concurrency, elapsed, totals[0], totals[1], statistics.median(server_us) / 1000,
-                server_cpu / elapsed, client_cpu / elapsed)
+    return Cell(
+        protocol,
+        concurrency,
+        elapsed,
+        totals[0],
+        totals[1],
+        statistics.median(server_us) / 1000,
+        server_cpu / elapsed,
+        client_cpu / elapsed,
+    )
 
 
 async def plain_baseline(server: SubprocessServer, seconds: float) -> float:
@@ -157,20 +168,27 @@ async def main_async(seconds: float, max_tokens: int) -> int:
     with start_subprocess(["--profile", "instant"]) as server:
         baseline = await plain_baseline(server, seconds)
         cells = [await run_cell(server, p, c, seconds, max_tokens) for p in PROTOCOLS for c in CONCURRENCY]
-    print(f"llmchat serve --profile instant, {max_tokens} tokens per stream, {seconds:g} s per cell, "
-          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(
+        f"llmchat serve --profile instant, {max_tokens} tokens per stream, {seconds:g} s per cell, "
+        f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    )
     print(f"baseline: plain HTTP/1.1 non-streamed 1-token requests, one at a time: {baseline:,.0f} req/s")
     print()
-    header = (f"{'protocol':<9} {'streams':>7} {'tok/s':>10} {'req/s':>8} {'srv ms':>7} {'srv cpu':>7} "
-              f"{'cli cpu':>7} {'srv tok/s/core':>14} {'vs 1 stream':>11} {'vs plain':>8}")
+    header = (
+        f"{'protocol':<9} {'streams':>7} {'tok/s':>10} {'req/s':>8} {'srv ms':>7} {'srv cpu':>7} "
+        f"{'cli cpu':>7} {'srv tok/s/core':>14} {'vs 1 stream':>11} {'vs plain':>8}"
+    )
     print(header)
     print("-" * len(header))
     for cell in cells:
         single = next(c for c in cells if c.protocol == cell.protocol and c.concurrency == 1)
         capacity = f"{cell.tokens_per_s / cell.server_cpu:,.0f}" if cell.server_cpu > 0 else "n/a"
-        print(f"{cell.protocol:<9} {cell.concurrency:>7} {cell.tokens_per_s:>10,.0f} {cell.requests_per_s:>8,.1f} "
-              f"{cell.server_ms:>7.2f} {cell.server_cpu:>7.2f} {cell.client_cpu:>7.2f} {capacity:>14} "
-              f"{cell.tokens_per_s / single.tokens_per_s:>10.2f}x {cell.requests_per_s / baseline:>7.2f}x")
+        print(
+            f"{cell.protocol:<9} {cell.concurrency:>7} "
+            f"{cell.tokens_per_s:>10,.0f} {cell.requests_per_s:>8,.1f} "
+            f"{cell.server_ms:>7.2f} {cell.server_cpu:>7.2f} {cell.client_cpu:>7.2f} {capacity:>14} "
+            f"{cell.tokens_per_s / single.tokens_per_s:>10.2f}x {cell.requests_per_s / baseline:>7.2f}x"
+        )
     return 0
 
 

@@ -3,8 +3,8 @@
 - ``local_server``: one server for the whole session, profile ``instant``, plain http (HTTP/1.1 and h2c).
   Stateless enough to share: no rate limit, no faults, no cold start.
 - ``tls_server``: the same over https with a self-signed certificate; ``.cert_path`` is the PEM to trust.
-- ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings (ServerSettings
-  field names, ``profile`` included; the port defaults to 0); every server made is closed at teardown.
+- ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings
+  (ServerSettings field names, ``profile`` included; the port defaults to 0); all are closed at teardown.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 
 

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-
 from llmchat.core.server import RunningServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -18,8 +17,9 @@ UNUSED_TLS = ssl.create_default_context()
 @pytest.fixture(params=["http1", "h2c"])
 async def c(request: pytest.FixtureRequest, local_server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
     h2c = request.param == "h2c"
-    async with httpx.AsyncClient(base_url=local_server.base_url, http1=not h2c, http2=h2c, timeout=10,
-                                 verify=UNUSED_TLS) as client:
+    async with httpx.AsyncClient(
+        base_url=local_server.base_url, http1=not h2c, http2=h2c, timeout=10, verify=UNUSED_TLS
+    ) as client:
         yield client
 
 
@@ -91,7 +91,9 @@ async def test_a_body_of_exactly_one_mib_is_read(c: httpx.AsyncClient) -> None:
         ("GET", "/embeddings", "POST"),
     ],
 )
-async def test_wrong_method_is_405_with_allow(c: httpx.AsyncClient, method: str, path: str, allowed: str) -> None:
+async def test_wrong_method_is_405_with_allow(
+    c: httpx.AsyncClient, method: str, path: str, allowed: str
+) -> None:
     r = await c.request(method, path)
     error = error_of(r, 405)
     assert r.headers["allow"] == allowed and error["code"] == "method_not_allowed"

@@ -1,4 +1,4 @@
-"""The local server's chat completions over HTTP/1.1, h2c and TLS h2: shapes, determinism, length, streaming."""
+"""The local server's chat completions over HTTP/1.1, h2c and TLS h2: shapes, determinism, length, streams."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from llmchat.core.server import RunningServer
 
 PROMPT = [{"role": "user", "content": "Tell me about connection pools"}]
@@ -21,9 +20,16 @@ def client(server: RunningServer, protocol: str) -> httpx.AsyncClient:
     """An httpx client speaking ``protocol`` ("http1", "h2c" or "h2") to ``server``."""
     if protocol == "h2":
         context = ssl.create_default_context(cafile=server.cert_path)
-        return httpx.AsyncClient(base_url=server.base_url, http1=False, http2=True, verify=context, timeout=TIMEOUT)
-    return httpx.AsyncClient(base_url=server.base_url, http1=protocol == "http1", http2=protocol == "h2c",
-                             timeout=TIMEOUT, verify=UNUSED_TLS)
+        return httpx.AsyncClient(
+            base_url=server.base_url, http1=False, http2=True, verify=context, timeout=TIMEOUT
+        )
+    return httpx.AsyncClient(
+        base_url=server.base_url,
+        http1=protocol == "http1",
+        http2=protocol == "h2c",
+        timeout=TIMEOUT,
+        verify=UNUSED_TLS,
+    )
 
 
 def events(body: bytes) -> list[Any]:
@@ -32,13 +38,15 @@ def events(body: bytes) -> list[Any]:
     for block in body.decode("utf-8").split("\n\n"):
         if block:
             assert block.startswith("data: "), block
-            data = block[len("data: "):]
+            data = block[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
 
 def content_of(chunks: list[Any]) -> str:
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c != "[DONE]" and c["choices"])
+    return "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c != "[DONE]" and c["choices"]
+    )
 
 
 @pytest.fixture(params=["http1", "h2c", "h2"])
@@ -47,7 +55,9 @@ def any_protocol(request: pytest.FixtureRequest, local_server: RunningServer, tl
     return (tls_server if request.param == "h2" else local_server), request.param
 
 
-async def test_whole_reply_has_openai_shape_and_server_timing(any_protocol: tuple[RunningServer, str]) -> None:
+async def test_whole_reply_has_openai_shape_and_server_timing(
+    any_protocol: tuple[RunningServer, str],
+) -> None:
     server, protocol = any_protocol
     async with client(server, protocol) as c:
         r = await c.post("/chat/completions", json={"model": "llmchat-local", "messages": PROMPT})
@@ -95,7 +105,12 @@ async def test_stream_follows_openai_chunk_sequence(any_protocol: tuple[RunningS
 
 
 async def test_include_usage_adds_a_usage_chunk_that_carries_the_timing(local_server: RunningServer) -> None:
-    request = {"messages": PROMPT, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 40}
+    request = {
+        "messages": PROMPT,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 40,
+    }
     async with client(local_server, "h2c") as c:
         r = await c.post("/chat/completions", json=request)
     chunks = events(r.content)
@@ -143,7 +158,9 @@ async def test_length_follows_max_tokens(local_server: RunningServer, limit_name
             body = r.json()
             assert body["usage"]["completion_tokens"] == limit
             assert body["choices"][0]["finish_reason"] == "length"
-            s = await c.post("/chat/completions", json={"messages": PROMPT, limit_name: limit, "stream": True})
+            s = await c.post(
+                "/chat/completions", json={"messages": PROMPT, limit_name: limit, "stream": True}
+            )
             assert len(events(s.content)) == limit + 2  # role chunk, one per token, [DONE]
 
 
@@ -160,7 +177,15 @@ async def test_stop_sequence_cuts_the_reply(local_server: RunningServer) -> None
 
 
 async def test_generation_parameters_are_accepted_and_echoed(local_server: RunningServer) -> None:
-    params = {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 5, "stop": ["zzz"], "n": 1, "user": "u1"}
+    params = {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "seed": 3,
+        "max_tokens": 5,
+        "stop": ["zzz"],
+        "n": 1,
+        "user": "u1",
+    }
     async with client(local_server, "http1") as c:
         r = await c.post("/chat/completions", json={"messages": PROMPT, **params, "presence_penalty": 0.5})
         s = await c.post("/chat/completions", json={"messages": PROMPT, **params, "stream": True})
@@ -202,6 +227,7 @@ async def test_many_concurrent_streams_on_one_h2c_connection(local_server: Runni
     import asyncio
 
     async with client(local_server, "h2c") as c:
+
         async def one(seed: int) -> str:
             r = await c.post("/chat/completions", json={"messages": PROMPT, "stream": True, "seed": seed})
             assert r.http_version == "HTTP/2"
@@ -231,7 +257,10 @@ async def test_self_signed_certificate_passes_strict_verification(tls_server: Ru
     context = ssl.create_default_context(cafile=tls_server.cert_path)
     context.verify_flags |= ssl.VERIFY_X509_STRICT
     async with httpx.AsyncClient(http2=True, verify=context, timeout=TIMEOUT) as c:
-        for name in ("127.0.0.1", "localhost"):  # connect to 127.0.0.1 either way; check the name it is valid for
+        for name in (
+            "127.0.0.1",
+            "localhost",
+        ):  # connect to 127.0.0.1 either way; check the name it is valid for
             r = await c.get(tls_server.url + "/health", extensions={"sni_hostname": name})
             assert r.status_code == 200 and r.http_version == "HTTP/2"
     async with httpx.AsyncClient(timeout=TIMEOUT) as c:

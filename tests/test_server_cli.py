@@ -11,13 +11,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from llmchat.core._errors import LLMChatError
 from llmchat.core.server import start_subprocess
 from llmchat.tui.cli import build_parser, main
 from llmchat.tui.commands.serve import flag_values
 
-UNUSED_TLS = ssl.create_default_context()  # one TLS context for all clients: httpx builds one per client otherwise
+UNUSED_TLS = (
+    ssl.create_default_context()
+)  # one TLS context for all clients: httpx builds one per client otherwise
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -27,8 +28,21 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_flags_win_over_the_profile() -> None:
     from llmchat.core.server import resolve_settings
 
-    args = parse("--profile", "slow", "--ttft-ms", "5", "--model", "a", "--model", "b", "--close-after-stream",
-                 "--port", "0", "--api-key", "k")
+    args = parse(
+        "--profile",
+        "slow",
+        "--ttft-ms",
+        "5",
+        "--model",
+        "a",
+        "--model",
+        "b",
+        "--close-after-stream",
+        "--port",
+        "0",
+        "--api-key",
+        "k",
+    )
     settings = resolve_settings(flag_values(args))
     assert settings.profile == "slow" and settings.ttft_ms == 5.0 and settings.tokens_per_s == 15.0
     assert settings.models == ["a", "b"] and settings.close_after_stream and settings.port == 0
@@ -82,7 +96,9 @@ def test_subprocess_prints_the_ready_line_serves_and_stops_on_sigterm() -> None:
         assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
         assert server.cert_path is None
         with httpx.Client(base_url=server.base_url, timeout=10, verify=UNUSED_TLS) as c:
-            assert c.post("/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}).is_success
+            assert c.post(
+                "/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+            ).is_success
             # An idle keep-alive connection must not hold the shutdown up.
             started = time.perf_counter_ns()
             assert server.terminate(timeout=10) == 0
@@ -124,5 +140,7 @@ def test_tls_subprocess_names_its_certificate_and_removes_it_on_exit() -> None:
 
 
 def test_subprocess_that_cannot_start_says_why() -> None:
-    with pytest.raises(LLMChatError, match=r"exit status 2\): llmchat: server.error_rate must be a probability"):
+    with pytest.raises(
+        LLMChatError, match=r"exit status 2\): llmchat: server.error_rate must be a probability"
+    ):
         start_subprocess(["--error-rate", "5"])

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
-
 from llmchat.core.server import RunningServer
 
-UNUSED_TLS = ssl.create_default_context()  # one TLS context for all clients: httpx builds one per client otherwise
+UNUSED_TLS = (
+    ssl.create_default_context()
+)  # one TLS context for all clients: httpx builds one per client otherwise
 
 
 @pytest.fixture
@@ -53,11 +54,14 @@ async def test_vectors_are_unit_length_and_deterministic(c: httpx.AsyncClient) -
 
 
 async def test_shared_words_mean_closer_vectors(c: httpx.AsyncClient) -> None:
-    base, near, far = await vectors(c, [
-        "connection pooling keeps latency low",
-        "connection pooling keeps latency predictable",
-        "a recipe for lemon cake with icing",
-    ])
+    base, near, far = await vectors(
+        c,
+        [
+            "connection pooling keeps latency low",
+            "connection pooling keeps latency predictable",
+            "a recipe for lemon cake with icing",
+        ],
+    )
     assert cosine(base, near) > 0.5
     assert cosine(base, near) > cosine(base, far) + 0.3
 
@@ -114,4 +118,8 @@ async def test_bad_input_is_400(c: httpx.AsyncClient, body: dict[str, object]) -
     r = await c.post("/embeddings", json=body)
     assert r.status_code == 400
     error = r.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["param"] in ("input", "encoding_format", "dimensions")
+    assert error["type"] == "invalid_request_error" and error["param"] in (
+        "input",
+        "encoding_format",
+        "dimensions",
+    )

@@ -16,22 +16,24 @@ from typing import Any
 
 import httpx
 import pytest
-
 from llmchat.core.server import RunningServer
 
 Factory = Callable[..., RunningServer]
 MESSAGES = [{"role": "user", "content": "hello"}]
-UNUSED_TLS = ssl.create_default_context()  # one TLS context for all clients: httpx builds one per client otherwise
+UNUSED_TLS = (
+    ssl.create_default_context()
+)  # one TLS context for all clients: httpx builds one per client otherwise
 
 
 def client(server: RunningServer, *, h2c: bool = False, key: str | None = None) -> httpx.AsyncClient:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(base_url=server.base_url, http1=not h2c, http2=h2c, headers=headers, timeout=10,
-                             verify=UNUSED_TLS)
+    return httpx.AsyncClient(
+        base_url=server.base_url, http1=not h2c, http2=h2c, headers=headers, timeout=10, verify=UNUSED_TLS
+    )
 
 
 def events(body: bytes) -> list[Any]:
-    blocks = [b[len("data: "):] for b in body.decode().split("\n\n") if b]
+    blocks = [b[len("data: ") :] for b in body.decode().split("\n\n") if b]
     return [b if b == "[DONE]" else json.loads(b) for b in blocks]
 
 
@@ -44,8 +46,11 @@ async def test_api_key_is_required_and_never_echoed(server_factory: Factory) -> 
     body = {"messages": MESSAGES, "max_tokens": 3}
     async with client(server) as anon, client(server, key="sk-wrong-key-123") as wrong:
         for c in (anon, wrong):
-            for r in (await c.post("/chat/completions", json=body), await c.get("/models"),
-                      await c.post("/embeddings", json={"input": "x"})):
+            for r in (
+                await c.post("/chat/completions", json=body),
+                await c.get("/models"),
+                await c.post("/embeddings", json={"input": "x"}),
+            ):
                 assert r.status_code == 401
                 assert r.json()["error"]["code"] == "invalid_api_key"
                 assert "sk-" not in r.text and "wrong-key" not in r.text
@@ -95,8 +100,10 @@ async def test_error_rate_gives_openai_shaped_5xx_repeatably(server_factory: Fac
 
     async def sequence(server: RunningServer) -> list[int]:
         async with client(server) as c:
-            return [(await c.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})).status_code
-                    for _ in range(16)]
+            return [
+                (await c.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})).status_code
+                for _ in range(16)
+            ]
 
     a, b = server_factory(error_rate=0.5, seed=11), server_factory(error_rate=0.5, seed=11)
     first = await sequence(a)
@@ -110,7 +117,9 @@ async def test_drop_cuts_the_connection_mid_stream(server_factory: Factory, h2c:
     received = b""
     async with client(server, h2c=h2c) as c:
         with pytest.raises(httpx.TransportError):
-            async with c.stream("POST", "/chat/completions", json={"messages": MESSAGES, "stream": True}) as r:
+            async with c.stream(
+                "POST", "/chat/completions", json={"messages": MESSAGES, "stream": True}
+            ) as r:
                 assert r.status_code == 200
                 async for chunk in r.aiter_bytes():
                     received += chunk
@@ -237,14 +246,20 @@ async def test_close_after_stream_leaves_h2c_alone(server_factory: Factory) -> N
     server = server_factory(close_after_stream=True)
     async with client(server, h2c=True) as c:
         for _ in range(3):
-            r = await c.post("/chat/completions", json={"messages": MESSAGES, "stream": True, "max_tokens": 3})
+            r = await c.post(
+                "/chat/completions", json={"messages": MESSAGES, "stream": True, "max_tokens": 3}
+            )
             assert r.status_code == 200 and r.http_version == "HTTP/2"
 
 
 async def test_flaky_profile_is_flaky_and_explicit_settings_win(server_factory: Factory) -> None:
-    server = server_factory(profile="flaky", ttft_ms=0, tokens_per_s=0, jitter_ms=0, drop_rate=0, rate_limit=0)
+    server = server_factory(
+        profile="flaky", ttft_ms=0, tokens_per_s=0, jitter_ms=0, drop_rate=0, rate_limit=0
+    )
     assert server.settings.error_rate == pytest.approx(0.1)
     async with client(server) as c:
-        statuses = [(await c.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})).status_code
-                    for _ in range(60)]
+        statuses = [
+            (await c.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})).status_code
+            for _ in range(60)
+        ]
     assert 200 in statuses and any(s >= 500 for s in statuses)

@@ -1,4 +1,4 @@
-"""The local server's pure parts, one function at a time: tokeniser, replies, limiter, cold starts, dice, settings."""
+"""The local server's pure parts one at a time: tokeniser, replies, limiter, cold starts, dice, settings."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from llmchat.core._errors import UsageError
 from llmchat.core._settings import ServerSettings
 from llmchat.core.server import PROFILES, resolve_settings
 from llmchat.core.server._faults import ColdStarts, FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import Exchange
-from llmchat.core.server._replies import build_reply, count_tokens, tokenize
+from llmchat.core.server._replies import Reply, build_reply, count_tokens, tokenize
 from llmchat.core.server._wire import ChunkTemplate
 
 
@@ -29,11 +28,17 @@ def test_tokens_join_back_to_the_text(text: str) -> None:
 
 def test_every_non_ascii_code_point_is_a_token_of_its_own() -> None:
     assert tokenize("café 日本 👩\u200d💻") == [
-        "caf", "é", " 日", "本", " 👩", "\u200d", "💻",
+        "caf",
+        "é",
+        " 日",
+        "本",
+        " 👩",
+        "\u200d",
+        "💻",
     ]
 
 
-def reply(max_tokens: int = 300, explicit: bool = False, seed: int = 0, stop: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+def reply(max_tokens: int = 300, explicit: bool = False, seed: int = 0, stop: tuple[str, ...] = ()) -> Reply:
     return build_reply("m", '[{"role":"user","content":"hi"}]', "hi", seed, max_tokens, explicit, stop)
 
 
@@ -67,9 +72,15 @@ def test_stop_cuts_inside_a_token() -> None:
 
 def test_chunk_template_builds_valid_chunks() -> None:
     template = ChunkTemplate("chatcmpl-1", 123, 'model "quoted"', include_usage=True)
-    chunks = [template.role(), template.content(b"a\\\"b"), template.last(b"!", "stop", None),
-              template.usage({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
-                             {"server_timing": {"received_ns": 1}})]
+    chunks = [
+        template.role(),
+        template.content(b'a\\"b'),
+        template.last(b"!", "stop", None),
+        template.usage(
+            {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+            {"server_timing": {"received_ns": 1}},
+        ),
+    ]
     parsed = [json.loads(c.removeprefix(b"data: ").removesuffix(b"\n\n")) for c in chunks]
     assert all(c.startswith(b"data: ") and c.endswith(b"}\n\n") for c in chunks)
     assert parsed[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -97,8 +108,18 @@ def test_rate_limit_buckets_never_hold_the_key() -> None:
     assert RateLimiter.bucket(None) == RateLimiter.bucket("") == "anonymous"
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(0.0004, "1ms"), (0.12, "120ms"), (1.5, "1.5s"), (20.0, "20s"),
-                                               (59.9991, "59.999s"), (360.0, "6m0s"), (61.2, "1m2s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0004, "1ms"),
+        (0.12, "120ms"),
+        (1.5, "1.5s"),
+        (20.0, "20s"),
+        (59.9991, "59.999s"),
+        (360.0, "6m0s"),
+        (61.2, "1m2s"),
+    ],
+)
 def test_reset_durations_read_like_openai(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text
 

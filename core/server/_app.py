@@ -1,8 +1,9 @@
 """The local server's ASGI app: routes, API-key check, rate limit, and the small endpoints.
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/embeddings``. Checks run in the order OpenAI's own API runs them: the body is read (413 past 1 MiB),
-then the key (401), the rate limit (429), the body's fields (400) and model (404), then the error dice (5xx).
+``POST /v1/embeddings``. Checks run in the order OpenAI's own API runs them: the body is read (413 past
+1 MiB), then the key (401), the rate limit (429), the body's fields (400) and model (404), then the error
+dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
 """
 
@@ -21,8 +22,8 @@ from llmchat.core.server._chat import ChatResponder
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._embeddings import embed, encode_base64
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
-from llmchat.core.server._replies import count_tokens
 from llmchat.core.server._http import ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
+from llmchat.core.server._replies import count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
 from llmchat.core.server._wire import dumps, timing
 
@@ -80,17 +81,22 @@ class ServerApp:
         except ClientGone:
             pass
         except Exception as exc:  # a bug here must not become a traceback or a hung client
-            print(f"llmchat serve: internal error on {ex.method} {ex.path}: {exc.__class__.__name__}: {exc}",
-                  file=sys.stderr)
-            await ex.fail(HTTPFailure(500, "The server had an error while processing your request.",
-                                      type_="server_error"))
+            print(
+                f"llmchat serve: internal error on {ex.method} {ex.path}: {exc.__class__.__name__}: {exc}",
+                file=sys.stderr,
+            )
+            await ex.fail(
+                HTTPFailure(
+                    500, "The server had an error while processing your request.", type_="server_error"
+                )
+            )
         finally:
             self._active.discard(ex)
             if watcher is not None:
                 watcher.cancel()
 
     def hurry(self) -> None:
-        """The server is stopping: finish every reply in flight at once, unpaced, so none has to be cancelled."""
+        """The server is stopping: finish every reply in flight at once, unpaced, so none is cancelled."""
         self._hurrying = True
         for ex in self._active:
             ex.hurry()
@@ -106,25 +112,36 @@ class ServerApp:
         handler = methods.get(method)
         if handler is None:
             allowed = ", ".join(sorted(set(methods) | ({"HEAD"} if "GET" in methods else set())))
-            raise HTTPFailure(405, f"Method {ex.method} is not allowed on {path}; use {allowed}.",
-                              code="method_not_allowed", headers=[(b"allow", allowed.encode())])
+            raise HTTPFailure(
+                405,
+                f"Method {ex.method} is not allowed on {path}; use {allowed}.",
+                code="method_not_allowed",
+                headers=[(b"allow", allowed.encode())],
+            )
         return handler
 
     def _authorize(self, ex: Exchange) -> str | None:
-        """The bearer token sent (None without one); HTTPFailure 401 when a key is required and this is not it."""
+        """The bearer token sent (None without one); HTTPFailure 401 when a key is required and not given."""
         raw = ex.header(b"authorization") or b""
         scheme, _, token_bytes = raw.decode("latin-1").partition(" ")
         token = token_bytes.strip() if scheme.lower() == "bearer" else ""
         required = self.settings.api_key
         if required:
             if not token:
-                raise HTTPFailure(401, "You didn't provide an API key. You need to provide your API key in an "
-                                  "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-                                  code="invalid_api_key")
+                raise HTTPFailure(
+                    401,
+                    "You didn't provide an API key. You need to provide your API key in an "
+                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                    code="invalid_api_key",
+                )
             # Never echo what was sent: a mistyped key is still a secret.
             if not hmac.compare_digest(token.encode(), required.encode()):
-                raise HTTPFailure(401, "Incorrect API key provided. Pass the key the server was started with "
-                                  "(llmchat serve --api-key) as Authorization: Bearer KEY.", code="invalid_api_key")
+                raise HTTPFailure(
+                    401,
+                    "Incorrect API key provided. Pass the key the server was started with "
+                    "(llmchat serve --api-key) as Authorization: Bearer KEY.",
+                    code="invalid_api_key",
+                )
         return token or None
 
     def _limit(self, ex: Exchange, token: str | None) -> None:
@@ -140,7 +157,8 @@ class ServerApp:
             wait = decision.reset_s
             raise HTTPFailure(
                 429,
-                f"Rate limit reached for requests per minute (RPM): Limit {decision.limit}, Used {decision.limit}, "
+                "Rate limit reached for requests per minute (RPM): "
+                f"Limit {decision.limit}, Used {decision.limit}, "
                 f"Requested 1. Please try again in {format_reset(wait)}.",
                 type_="requests",
                 code="rate_limit_exceeded",
@@ -160,10 +178,14 @@ class ServerApp:
 
     async def _get_model(self, ex: Exchange) -> None:
         self._authorize(ex)
-        model = ex.path.rstrip("/")[len("/v1/models/"):]
+        model = ex.path.rstrip("/")[len("/v1/models/") :]
         if model not in self.models:
-            raise HTTPFailure(404, f"The model `{model[:100]}` does not exist or you do not have access to it.",
-                              code="model_not_found", param="model")
+            raise HTTPFailure(
+                404,
+                f"The model `{model[:100]}` does not exist or you do not have access to it.",
+                code="model_not_found",
+                param="model",
+            )
         await ex.respond(200, dumps(self._model_object(model)))
 
     def _model_object(self, model: str) -> dict[str, object]:
@@ -190,8 +212,13 @@ class ServerApp:
         for index, item in enumerate(request.inputs):
             vector = embed(item, request.model, dim)
             tokens += len(item) if isinstance(item, list) else max(1, count_tokens(item))
-            data.append({"object": "embedding", "index": index,
-                         "embedding": encode_base64(vector) if request.base64 else vector})
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": index,
+                    "embedding": encode_base64(vector) if request.base64 else vector,
+                }
+            )
         now = time.monotonic_ns()
         body = {
             "object": "list",

@@ -1,11 +1,11 @@
 """Chat completions, whole and streamed, paced by the latency profile and broken by the fault profile.
 
 Pacing: token ``k`` is due at ``received + ttft_ms + k / tokens_per_s`` (plus up to ``jitter_ms``), on a fixed
-schedule that never drifts; in the middle of a stream ``stall_ms`` separates two tokens, counted from the moment
-the token before the stall was actually sent. Whenever the loop wakes it sends every token already due in one
-write (up to 16 KiB), so a server that falls behind catches up in bigger writes instead of falling further
-behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server is not the
-bottleneck of a client benchmark.
+schedule that never drifts; in the middle of a stream ``stall_ms`` separates two tokens, counted from the
+moment the token before the stall was actually sent. Whenever the loop wakes it sends every token already
+due in one write (up to 16 KiB), so a server that falls behind catches up in bigger writes instead of falling
+further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server
+is not the bottleneck of a client benchmark.
 
 ``server_timing`` (``time.monotonic_ns()`` stamps: request received, first content token sent, last token
 sent) rides on the final chunk before ``[DONE]`` (the usage chunk when ``include_usage`` is set) and on every
@@ -93,8 +93,9 @@ class ChatResponder:
         if not await ex.pause(last_due - loop.time()):
             return
         extra = self._extra(ex, req, first_ns, time.monotonic_ns())
-        body = _wire.completion(self.next_id(), int(time.time()), req.model, reply.text, reply.finish_reason,
-                                usage, extra)
+        body = _wire.completion(
+            self.next_id(), int(time.time()), req.model, reply.text, reply.finish_reason, usage, extra
+        )
         await ex.respond(200, body)
 
     async def _stream(
@@ -132,7 +133,13 @@ class ChatResponder:
             parts: list[bytes] = []
             size = 0
             ready = now if not ex.hurrying else float("inf")
-            while i < n and due <= ready and size < MAX_WRITE and i != drop_after and not (i == stall_at and parts):
+            while (
+                i < n
+                and due <= ready
+                and size < MAX_WRITE
+                and i != drop_after
+                and not (i == stall_at and parts)
+            ):
                 if i == 0:
                     first_ns = time.monotonic_ns()
                 if i < n - 1:
@@ -171,7 +178,7 @@ class ChatResponder:
         usage: dict[str, int],
         first_due: float,
     ) -> None:
-        """The whole reply at once, in MAX_WRITE slices cut wherever they fall (inside events and characters)."""
+        """The whole reply at once, in MAX_WRITE slices cut wherever they fall (inside events, characters)."""
         if not await ex.pause(first_due - asyncio.get_running_loop().time()):
             return
         first_ns = time.monotonic_ns()
@@ -212,7 +219,12 @@ class ChatResponder:
         return template.last(reply.escaped[-1], reply.finish_reason, extra) + _wire.DONE
 
     def _final_empty(
-        self, ex: Exchange, req: ChatRequest, template: _wire.ChunkTemplate, reply: Reply, usage: dict[str, int]
+        self,
+        ex: Exchange,
+        req: ChatRequest,
+        template: _wire.ChunkTemplate,
+        reply: Reply,
+        usage: dict[str, int],
     ) -> bytes:
         now = time.monotonic_ns()
         extra = self._extra(ex, req, now, now)

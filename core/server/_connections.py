@@ -6,8 +6,8 @@ starts a reply gets a 500. A real dropped connection, and llama.cpp's close afte
 
 The listening socket is a ``socket.socket`` subclass whose ``accept`` records each accepted socket under its
 peer address (what hypercorn puts in ``scope["client"]``). ``cut`` shuts the socket down in both directions
-(the client reads EOF; asyncio and hypercorn then close it the usual way); it never closes the file descriptor,
-which the event loop owns. Entries are weak, so a closed connection leaves nothing behind.
+(the client reads EOF; asyncio and hypercorn then close it the usual way); it never closes the file
+descriptor, which the event loop owns. Entries are weak, so a closed connection leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ class TrackingSocket(socket.socket):
     """A listening socket that reports every connection it accepts to a registry."""
 
     __slots__ = ("registry",)
-    registry: ConnectionRegistry  # set right after construction: socket.dup() calls the class with socket's args
+    registry: (
+        ConnectionRegistry  # set right after construction: socket.dup() calls the class with socket's args
+    )
 
     def accept(self) -> tuple[socket.socket, Any]:
         conn, address = super().accept()

@@ -21,7 +21,7 @@ def embed(text: str | Sequence[int], model: str, dim: int) -> list[float]:
         words = [t.strip().lower() for t in tokenize(text) if t.strip()]
     else:
         words = [f"#{token_id}" for token_id in text]
-    features = words + [f"{a} {b}" for a, b in zip(words, words[1:])] or [""]
+    features = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)] or [""]
     vector = [0.0] * dim
     salt = model.encode() + b"\x00"
     for feature in features:

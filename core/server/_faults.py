@@ -86,7 +86,9 @@ class ColdStarts:
             return 0.0
         ready_at = self._ready_at.get(model)
         last = self._last_used.get(model, -math.inf)
-        unloaded = self.idle_unload_s > 0 and ready_at is not None and now - max(last, ready_at) > self.idle_unload_s
+        unloaded = (
+            self.idle_unload_s > 0 and ready_at is not None and now - max(last, ready_at) > self.idle_unload_s
+        )
         if ready_at is None or unloaded:
             ready_at = now + self.cold_start_s
             self._ready_at[model] = ready_at

@@ -47,7 +47,9 @@ class ClientGone(Exception):
 class Exchange:
     """The request's scope and channels, the stamp of its arrival, and what was sent so far."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, received_ns: int, received_at: float) -> None:
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, received_ns: int, received_at: float
+    ) -> None:
         self.scope = scope
         self.receive = receive
         self._send = send
@@ -125,13 +127,14 @@ class Exchange:
         self._wake.set()
 
     async def pause(self, seconds: float) -> bool:
-        """Wait ``seconds``, less if the client disconnects or the server hurries; True if the client is there."""
+        """Wait ``seconds``, less if the client leaves or the server hurries; True if the client is there."""
         if seconds > 0 and not self._wake.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), seconds)
             except TimeoutError:
                 pass
         return not self.disconnected
+
     async def respond(
         self,
         status: int,
@@ -150,8 +153,8 @@ class Exchange:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes, more: bool = True, split_utf8: bool = True) -> None:
-        """Send body bytes. With ``split_utf8``, bytes holding non-ASCII text go out in two sends cut inside their
-        first multi-byte character, so clients meet a character split across reads, as TCP may split it."""
+        """Send body bytes. With ``split_utf8``, bytes holding non-ASCII text go out in two sends cut inside
+        their first multi-byte character: clients meet a character split across reads, as TCP may cut it."""
         if split_utf8 and not data.isascii():
             try:
                 data.decode("ascii")

@@ -64,18 +64,20 @@ _PROBABILITIES = ("error_rate", "drop_rate")
 
 
 def resolve_settings(*layers: Mapping[str, Any], base: ServerSettings | None = None) -> ServerSettings:
-    """Build a validated ServerSettings: ``base`` (default: the defaults), the profile, then ``layers`` in order.
+    """A validated ServerSettings: ``base`` (default: the defaults), the profile, then ``layers`` in order.
 
-    The profile is the last ``profile`` named by a layer, else ``base.profile``. Each layer holds only keys that
-    were given explicitly (ServerSettings field names). Raises UsageError, one line, for an unknown key, an
-    unknown profile or a value out of range.
+    The profile is the last ``profile`` named by a layer, else ``base.profile``. Each layer holds only keys
+    that were given explicitly (ServerSettings field names). Raises UsageError, one line, for an unknown key,
+    an unknown profile or a value out of range.
     """
     settings = base if base is not None else ServerSettings()
     profile = settings.profile
     for layer in layers:
         unknown = sorted(set(layer) - _FIELDS)
         if unknown:
-            raise UsageError(f"server settings: unknown key {unknown[0]!r}; known keys are {', '.join(sorted(_FIELDS))}")
+            raise UsageError(
+                f"server settings: unknown key {unknown[0]!r}; known keys are {', '.join(sorted(_FIELDS))}"
+            )
         if layer.get("profile"):
             profile = str(layer["profile"])
     if profile:
@@ -89,7 +91,7 @@ def resolve_settings(*layers: Mapping[str, Any], base: ServerSettings | None = N
 
 
 def validate_settings(settings: ServerSettings) -> None:
-    """Check every ServerSettings value is in range; raises UsageError naming the key, the rule and the value."""
+    """Check every ServerSettings value is in range; raises UsageError naming the key, rule and value."""
     for name in _NON_NEGATIVE:
         value = getattr(settings, name)
         if not _is_number(value) or not math.isfinite(value) or value < 0:
@@ -109,7 +111,9 @@ def validate_settings(settings: ServerSettings) -> None:
         raise UsageError(f"server.models must be a non-empty list of model ids, got {settings.models!r}")
     if bool(settings.certfile) != bool(settings.keyfile):
         given, missing = ("certfile", "keyfile") if settings.certfile else ("keyfile", "certfile")
-        raise UsageError(f"server.{given} is set but server.{missing} is not; give both, or neither with --tls")
+        raise UsageError(
+            f"server.{given} is set but server.{missing} is not; give both, or neither with --tls"
+        )
     if settings.profile and settings.profile not in PROFILES:
         raise UsageError(f"unknown server profile {settings.profile!r}: pick one of {', '.join(PROFILES)}")
 

@@ -1,11 +1,11 @@
 """Deterministic reply text and a small tokeniser for the local server.
 
 A reply is fixed by (model, messages, seed) and built so a client meets every rendering path early: a heading
-and Markdown prose, a list, a fenced code block, a table, then non-ASCII text (accents, a combining accent, CJK,
-emoji with a zero-width joiner and a flag), each split by the tokeniser so multi-byte characters and grapheme
-clusters arrive across chunk boundaries. Without ``max_tokens`` a reply ends at the first block boundary past
-``default_max_tokens`` (finish_reason "stop"); with it, the reply is cut at exactly that many tokens
-(finish_reason "length"), as a model that hits its limit is.
+and Markdown prose, a list, a fenced code block, a table, then non-ASCII text (accents, a combining accent,
+CJK, emoji with a zero-width joiner and a flag), each split by the tokeniser so multi-byte characters and
+grapheme clusters arrive across chunk boundaries. Without ``max_tokens`` a reply ends at the first block
+boundary past ``default_max_tokens`` (finish_reason "stop"); with it, the reply is cut at exactly that many
+tokens (finish_reason "length"), as a model that hits its limit is.
 """
 
 from __future__ import annotations
@@ -136,8 +136,14 @@ def _escape(token: str) -> bytes:
 
 
 _TOPICS = [
-    "connection pooling", "streaming replies", "time to first token", "HTTP/2 multiplexing",
-    "retry budgets", "disk caches", "backpressure", "tail latency",
+    "connection pooling",
+    "streaming replies",
+    "time to first token",
+    "HTTP/2 multiplexing",
+    "retry budgets",
+    "disk caches",
+    "backpressure",
+    "tail latency",
 ]
 _ADJECTIVES = ["steady", "careful", "measured", "honest", "quick", "patient", "lean", "plain"]
 _SENTENCES = [
@@ -178,7 +184,8 @@ _CODE = [
     ),
     (
         "json",
-        '{\n  "model": "llmchat-local",\n  "stream": true,\n  "messages": [{"role": "user", "content": "hi"}]\n}',
+        '{\n  "model": "llmchat-local",\n  "stream": true,\n'
+        '  "messages": [{"role": "user", "content": "hi"}]\n}',
     ),
 ]
 _TABLE_ROWS = [
@@ -199,7 +206,7 @@ _INTERNATIONAL = [
 
 
 def _blocks(rng: random.Random, last_user_text: str) -> Iterator[str]:
-    """Yield Markdown blocks, each ending in a blank line, without end: the caller stops when it has enough."""
+    """Yield Markdown blocks, each ending in a blank line, endlessly: the caller stops when it has enough."""
     topic = rng.choice(_TOPICS)
     echo = " ".join(last_user_text.split()[:8]).replace("`", "'")
     heading = f"## On {topic}\n\n"
@@ -215,7 +222,9 @@ def _blocks(rng: random.Random, last_user_text: str) -> Iterator[str]:
     lang, code = rng.choice(_CODE)
     yield f"A short example:\n\n```{lang}\n{code}\n```\n\n"
     rows = rng.sample(_TABLE_ROWS, 3)
-    table = "| Measure | Typical | Note |\n|---|---:|---|\n" + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows)
+    table = "| Measure | Typical | Note |\n|---|---:|---|\n" + "".join(
+        f"| {a} | {b} | {c} |\n" for a, b, c in rows
+    )
     yield table + "\n"
     # Accents, CJK and emoji always appear in the first reply of default length; the order varies.
     yield " ".join(rng.sample(_INTERNATIONAL[:3], 3)) + "\n\n"

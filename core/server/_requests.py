@@ -63,35 +63,53 @@ def parse_json(body: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         raise HTTPFailure(
             400,
-            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-            "HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
+            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+            "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
+            "valid JSON.)",
         ) from None
     if not isinstance(payload, dict):
-        raise HTTPFailure(400, f"Invalid type for request body: expected an object, but got {_kind(payload)} instead.",
-                          code="invalid_type")
+        raise HTTPFailure(
+            400,
+            f"Invalid type for request body: expected an object, but got {_kind(payload)} instead.",
+            code="invalid_type",
+        )
     return payload
 
 
 def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
-    """Check a chat completions body; HTTPFailure 400 for a bad field, 404 ``model_not_found`` for a bad model."""
+    """Check a chat completions body; HTTPFailure 400 for a bad field, 404 ``model_not_found`` for a model."""
     model = _model(payload, models)
     if "messages" not in payload or payload["messages"] is None:
-        raise HTTPFailure(400, "Missing required parameter: 'messages'.", code="missing_required_parameter",
-                          param="messages")
+        raise HTTPFailure(
+            400,
+            "Missing required parameter: 'messages'.",
+            code="missing_required_parameter",
+            param="messages",
+        )
     messages = payload["messages"]
     if not isinstance(messages, list):
         raise _invalid_type("messages", "an array", messages)
     if not messages:
-        raise HTTPFailure(400, "Invalid 'messages': empty array. Expected an array with minimum length 1, but got "
-                          "an empty array instead.", code="empty_array", param="messages")
+        raise HTTPFailure(
+            400,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            code="empty_array",
+            param="messages",
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _invalid_type(f"messages[{i}]", "an object", message)
         role = message.get("role")
         if role not in _ROLES:
-            raise HTTPFailure(400, f"Invalid value: {_short(role)}. Supported values are: "
-                              + ", ".join(f"'{r}'" for r in sorted(_ROLES)) + ".",
-                              code="invalid_value", param=f"messages[{i}].role")
+            raise HTTPFailure(
+                400,
+                f"Invalid value: {_short(role)}. Supported values are: "
+                + ", ".join(f"'{r}'" for r in sorted(_ROLES))
+                + ".",
+                code="invalid_value",
+                param=f"messages[{i}].role",
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise _invalid_type(f"messages[{i}].content", "a string or an array", content)
@@ -100,8 +118,12 @@ def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
     include_usage = False
     if options is not None:
         if not stream:
-            raise HTTPFailure(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                              code="invalid_value", param="stream_options")
+            raise HTTPFailure(
+                400,
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                code="invalid_value",
+                param="stream_options",
+            )
         if not isinstance(options, dict):
             raise _invalid_type("stream_options", "an object", options)
         include_usage = _optional(options, "include_usage", bool, "a boolean", "stream_options.") or False
@@ -110,16 +132,24 @@ def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
         value = _optional(payload, name, int, "an integer")
         if value is not None:
             if not 1 <= value <= MAX_COMPLETION_TOKENS:
-                raise HTTPFailure(400, f"Invalid '{name}': {value}. It must be from 1 to {MAX_COMPLETION_TOKENS}.",
-                                  code="invalid_value", param=name)
+                raise HTTPFailure(
+                    400,
+                    f"Invalid '{name}': {value}. It must be from 1 to {MAX_COMPLETION_TOKENS}.",
+                    code="invalid_value",
+                    param=name,
+                )
             max_tokens = value
     _number_in(payload, "temperature", 0.0, 2.0)
     _number_in(payload, "top_p", 0.0, 1.0)
     seed = _optional(payload, "seed", int, "an integer")
     n = _optional(payload, "n", int, "an integer")
     if n is not None and n != 1:
-        raise HTTPFailure(400, f"Invalid 'n': {n}. This server returns one choice per request; send n=1.",
-                          code="invalid_value", param="n")
+        raise HTTPFailure(
+            400,
+            f"Invalid 'n': {n}. This server returns one choice per request; send n=1.",
+            code="invalid_value",
+            param="n",
+        )
     _optional(payload, "user", str, "a string")
     stop = _stop(payload.get("stop"))
     params = {name: payload[name] for name in _ECHOED if name in payload}
@@ -130,35 +160,55 @@ def parse_embeddings(payload: dict[str, Any], models: Sequence[str], max_dim: in
     """Check an embeddings body; HTTPFailure 400 for a bad field, 404 for a bad model."""
     model = _model(payload, models)
     if "input" not in payload or payload["input"] is None:
-        raise HTTPFailure(400, "Missing required parameter: 'input'.", code="missing_required_parameter",
-                          param="input")
+        raise HTTPFailure(
+            400, "Missing required parameter: 'input'.", code="missing_required_parameter", param="input"
+        )
     raw = payload["input"]
     inputs: list[str | list[int]]
     if isinstance(raw, str):
         inputs = [raw]
     elif isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
         inputs = [list(raw)]  # one text given as token ids
-    elif isinstance(raw, list) and raw and all(
-        isinstance(t, str) or (isinstance(t, list) and t and all(_is_int(x) for x in t)) for t in raw
+    elif (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(t, str) or (isinstance(t, list) and t and all(_is_int(x) for x in t)) for t in raw)
     ):
         inputs = list(raw)
     else:
-        raise HTTPFailure(400, "'$.input' is invalid. Give a string, an array of strings, or token id arrays.",
-                          code="invalid_value", param="input")
+        raise HTTPFailure(
+            400,
+            "'$.input' is invalid. Give a string, an array of strings, or token id arrays.",
+            code="invalid_value",
+            param="input",
+        )
     if any(item == "" for item in inputs):
-        raise HTTPFailure(400, "'$.input' is invalid: an input must not be empty.", code="invalid_value",
-                          param="input")
+        raise HTTPFailure(
+            400, "'$.input' is invalid: an input must not be empty.", code="invalid_value", param="input"
+        )
     if len(inputs) > MAX_EMBEDDING_INPUTS:
-        raise HTTPFailure(400, f"'$.input' is invalid: at most {MAX_EMBEDDING_INPUTS} inputs per request.",
-                          code="invalid_value", param="input")
+        raise HTTPFailure(
+            400,
+            f"'$.input' is invalid: at most {MAX_EMBEDDING_INPUTS} inputs per request.",
+            code="invalid_value",
+            param="input",
+        )
     encoding = payload.get("encoding_format")
     if encoding not in (None, "float", "base64"):
-        raise HTTPFailure(400, f"Invalid value: {_short(encoding)}. Supported values are: 'float' and 'base64'.",
-                          code="invalid_value", param="encoding_format")
+        raise HTTPFailure(
+            400,
+            f"Invalid value: {_short(encoding)}. Supported values are: 'float' and 'base64'.",
+            code="invalid_value",
+            param="encoding_format",
+        )
     dimensions = _optional(payload, "dimensions", int, "an integer")
     if dimensions is not None and not 1 <= dimensions <= max_dim:
-        raise HTTPFailure(400, f"Invalid 'dimensions': {dimensions}. This model gives 1 to {max_dim} dimensions.",
-                          code="invalid_value", param="dimensions")
+        raise HTTPFailure(
+            400,
+            f"Invalid 'dimensions': {dimensions}. This model gives 1 to {max_dim} dimensions.",
+            code="invalid_value",
+            param="dimensions",
+        )
     return EmbeddingsRequest(model, inputs, encoding == "base64", dimensions)
 
 
@@ -170,8 +220,12 @@ def _model(payload: dict[str, Any], models: Sequence[str]) -> str:
         raise _invalid_type("model", "a string", model)
     if model not in models:
         name = " ".join(model.split())[:100]
-        raise HTTPFailure(404, f"The model `{name}` does not exist or you do not have access to it.",
-                          code="model_not_found", param="model")
+        raise HTTPFailure(
+            404,
+            f"The model `{name}` does not exist or you do not have access to it.",
+            code="model_not_found",
+            param="model",
+        )
     return model
 
 
@@ -191,8 +245,12 @@ def _number_in(payload: dict[str, Any], name: str, low: float, high: float) -> N
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _invalid_type(name, "a number", value)
     if not low <= value <= high:
-        raise HTTPFailure(400, f"Invalid '{name}': {value}. It must be from {low:g} to {high:g}.",
-                          code="invalid_value", param=name)
+        raise HTTPFailure(
+            400,
+            f"Invalid '{name}': {value}. It must be from {low:g} to {high:g}.",
+            code="invalid_value",
+            param=name,
+        )
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -202,13 +260,21 @@ def _stop(value: object) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and len(value) <= 4 and all(isinstance(s, str) for s in value):
         return tuple(value)
-    raise HTTPFailure(400, "Invalid 'stop': give a string or an array of up to 4 strings.", code="invalid_value",
-                      param="stop")
+    raise HTTPFailure(
+        400,
+        "Invalid 'stop': give a string or an array of up to 4 strings.",
+        code="invalid_value",
+        param="stop",
+    )
 
 
 def _invalid_type(param: str, expected: str, value: object) -> HTTPFailure:
-    return HTTPFailure(400, f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
-                       code="invalid_type", param=param)
+    return HTTPFailure(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        code="invalid_type",
+        param=param,
+    )
 
 
 def _is_int(value: object) -> bool:

@@ -1,7 +1,7 @@
 """Running the local server: on hypercorn in this event loop, or on its own loop in a daemon thread.
 
-We bind the listening socket ourselves (so ``port`` 0 tells us the port it took, and so the socket can track its
-connections, see ``_connections``) and hand it to hypercorn through ``Config.create_sockets``. Plain http
+We bind the listening socket ourselves (so ``port`` 0 tells us the port it took, and so the socket can track
+its connections, see ``_connections``) and hand it to hypercorn through ``Config.create_sockets``. Plain http
 speaks HTTP/1.1 and h2c (prior knowledge, and the Upgrade dance for bodiless requests); TLS offers h2 and
 http/1.1 by ALPN. The ready line is printed once the socket listens: a client that connects from then on is
 queued by the kernel and served.
@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config, Sockets
-
+from hypercorn.typing import ASGIFramework
 from llmchat.core._errors import LLMChatError
 from llmchat.core._settings import ServerSettings
 from llmchat.core.server._app import ServerApp
@@ -101,10 +101,12 @@ async def _serve(
     if settings.certfile:
         tls = user_files(settings.certfile, settings.keyfile)
     elif settings.tls:
-        try:
-            tls = self_signed()
+        try:  # a key pair and two small files: off the event loop, which may be the chat app's
+            tls = await asyncio.get_running_loop().run_in_executor(None, self_signed)
         except OSError as exc:
-            raise LLMChatError(f"cannot write a self-signed certificate: {exc}; set TMPDIR to a writable folder")
+            raise LLMChatError(
+                f"cannot write a self-signed certificate: {exc}; set TMPDIR to a writable folder"
+            ) from None
     registry = ConnectionRegistry()
     sock: socket.socket | None = None
     try:
@@ -135,7 +137,8 @@ async def _serve(
 
         previous_handler = loop.get_exception_handler()
         try:
-            await hypercorn_serve(app, config, shutdown_trigger=stopping, mode="asgi")
+            # ServerApp speaks ASGI 3 with plain dicts; hypercorn types its messages as TypedDicts.
+            await hypercorn_serve(cast("ASGIFramework", app), config, shutdown_trigger=stopping, mode="asgi")
         finally:
             loop.set_exception_handler(previous_handler)
             if remove_signals:
@@ -164,7 +167,8 @@ def _bind(host: str, port: int, registry: ConnectionRegistry) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise LLMChatError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port, or --port 0 for a free one"
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+            "pick another --port, or --port 0 for a free one"
         ) from None
     return sock
 

@@ -20,7 +20,9 @@ from typing import IO
 
 from llmchat.core._errors import LLMChatError
 
-_READY = re.compile(r"^llmchat server listening on (?P<url>https?://\S+) \([^)]*\)(?: certificate (?P<cert>.+))?$")
+_READY = re.compile(
+    r"^llmchat server listening on (?P<url>https?://\S+) \([^)]*\)(?: certificate (?P<cert>.+))?$"
+)
 _STDERR_KEEP = 64 * 1024
 
 
@@ -73,8 +75,14 @@ def start_subprocess(args: list[str], *, timeout: float = 30.0) -> SubprocessSer
     command = [sys.executable, "-m", "llmchat.tui", "serve", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        encoding="utf-8", errors="replace", env=env,
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env=env,
     )
     assert process.stdout is not None and process.stderr is not None
     lines: queue.Queue[str | None] = queue.Queue()

@@ -47,10 +47,17 @@ def self_signed() -> TLSFiles:
     key = ec.generate_private_key(ec.SECP256R1())
     public = key.public_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmchat local server")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     usage = x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-        key_agreement=False, key_cert_sign=True, crl_sign=False, encipher_only=False, decipher_only=False,
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
     )
     alt_names = x509.SubjectAlternativeName(
         [
@@ -94,7 +101,9 @@ def user_files(certfile: str, keyfile: str) -> TLSFiles:
     try:
         context.load_cert_chain(certfile, keyfile)
     except FileNotFoundError as exc:
-        raise UsageError(f"--certfile/--keyfile: {exc.filename} does not exist; give the path of a PEM file") from None
+        raise UsageError(
+            f"--certfile/--keyfile: {exc.filename} does not exist; give the path of a PEM file"
+        ) from None
     except (ssl.SSLError, OSError) as exc:
         raise UsageError(
             f"--certfile {certfile} / --keyfile {keyfile} cannot be loaded ({exc.__class__.__name__}); "

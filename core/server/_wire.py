@@ -41,16 +41,17 @@ def timing(received_ns: int, first_token_ns: int, last_token_ns: int) -> dict[st
 class ChunkTemplate:
     """The ``data: {chat.completion.chunk}\\n\\n`` events of one streamed reply.
 
-    With ``include_usage`` every chunk carries ``"usage":null`` and a last chunk with empty ``choices`` carries
-    the usage, as OpenAI does. The chunk written just before ``[DONE]`` (the usage chunk, else the last content
-    chunk) also carries ``server_timing`` and ``request_params``.
+    With ``include_usage`` every chunk carries ``"usage":null`` and a last chunk with empty ``choices``
+    carries the usage, as OpenAI does. The chunk written just before ``[DONE]`` (the usage chunk, else the
+    last content chunk) also carries ``server_timing`` and ``request_params``.
     """
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
         self.include_usage = include_usage
+        model_json = json.dumps(model, ensure_ascii=False)
         self._head = (
-            '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,"system_fingerprint":"%s",'
-            % (completion_id, created, json.dumps(model, ensure_ascii=False), FINGERPRINT)
+            f'{{"id":"{completion_id}","object":"chat.completion.chunk","created":{created},'
+            f'"model":{model_json},"system_fingerprint":"{FINGERPRINT}",'
         ).encode()
         self._prefix = b"data: " + self._head + b'"choices":[{"index":0,"delta":{"content":"'
         usage_null = b',"usage":null' if include_usage else b""
@@ -59,10 +60,12 @@ class ChunkTemplate:
     def role(self) -> bytes:
         """The first event: the assistant role with empty content, no token yet."""
         return (
-            b"data: " + self._head
+            b"data: "
+            + self._head
             + b'"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},'
             + b'"logprobs":null,"finish_reason":null}]'
-            + (b',"usage":null' if self.include_usage else b"") + b"}\n\n"
+            + (b',"usage":null' if self.include_usage else b"")
+            + b"}\n\n"
         )
 
     def content(self, escaped: bytes) -> bytes:
@@ -76,10 +79,13 @@ class ChunkTemplate:
         return self._prefix + (self._tail + self._prefix).join(escaped) + self._tail
 
     def last(self, escaped: bytes, finish_reason: str, extra: dict[str, Any] | None) -> bytes:
-        """The last content token with ``finish_reason``; ``extra`` (server_timing, ...) merged in when given."""
+        """The last content token with ``finish_reason``, and ``extra`` (server_timing, ...) if given."""
         body = (
-            b'"choices":[{"index":0,"delta":{"content":"' + escaped + b'"},"logprobs":null,"finish_reason":"'
-            + finish_reason.encode() + b'"}]'
+            b'"choices":[{"index":0,"delta":{"content":"'
+            + escaped
+            + b'"},"logprobs":null,"finish_reason":"'
+            + finish_reason.encode()
+            + b'"}]'
         )
         if self.include_usage:
             body += b',"usage":null'

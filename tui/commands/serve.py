@@ -15,12 +15,15 @@ from llmchat.core.server import PROFILE_SUMMARIES, resolve_settings, serve
 # flag dest -> ServerSettings field, for the flags whose names differ
 _FIELD = {"model": "models"}
 
-_EPILOG = "profiles (explicit flags win over the profile):\n" + "\n".join(
-    f"  {name:<8} {summary}" for name, summary in PROFILE_SUMMARIES.items()
-) + (
-    "\n\nWith --tokens-per-s 0 (unlimited) the server sends every token that is due in one write, up to 16 KiB,"
-    "\nso it is never the bottleneck of a client benchmark. The last chunk before [DONE] and every whole reply"
-    "\ncarry server_timing: time.monotonic_ns() stamps of request received, first token sent, last token sent."
+_EPILOG = (
+    "profiles (explicit flags win over the profile):\n"
+    + "\n".join(f"  {name:<8} {summary}" for name, summary in PROFILE_SUMMARIES.items())
+    + (
+        "\n\nWith --tokens-per-s 0 (unlimited) the server sends every token that is due in one write,"
+        "\nup to 16 KiB, so it is never the bottleneck of a client benchmark. The last chunk before [DONE]"
+        "\nand every whole reply carry server_timing: time.monotonic_ns() stamps of request received,"
+        "\nfirst token sent and last token sent."
+    )
 )
 
 
@@ -28,7 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="run a local OpenAI-compatible server (offline demo, tests, benchmarks)",
-        description="Serve /v1/chat/completions, /v1/embeddings, /v1/models and /health over HTTP/1.1 and h2c "
+        description="Serve /v1/chat/completions, /v1/embeddings, /v1/models and /health over HTTP/1.1 "
+        "and h2c "
         "(or h2 and HTTP/1.1 over TLS), with deterministic replies and a latency and fault profile.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,13 +41,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--host", help="the address to listen on (default 127.0.0.1)")
     a("--port", type=int, help="the port (default 8000; 0 takes a free one)")
     a("--profile", choices=list(PROFILE_SUMMARIES), help="a named latency and fault profile (see below)")
-    a("--model", action="append", metavar="ID", help="a model id to offer; repeat for more (the first is the default)")
+    a(
+        "--model",
+        action="append",
+        metavar="ID",
+        help="a model id to offer; repeat for more (the first is the default)",
+    )
     a("--ttft-ms", type=float, metavar="MS", help="time to the first content token")
     a("--tokens-per-s", type=float, metavar="N", help="generation speed; 0 is unlimited")
     a("--jitter-ms", type=float, metavar="MS", help="random extra delay, up to this, per token")
-    a("--cold-start-ms", type=float, metavar="MS",
-      help="extra delay on a model's first request after start or after --idle-unload-s without traffic")
-    a("--idle-unload-s", type=float, metavar="S", help="a model unused this long pays the cold start again (0 never)")
+    a(
+        "--cold-start-ms",
+        type=float,
+        metavar="MS",
+        help="extra delay on a model's first request after start or after --idle-unload-s without traffic",
+    )
+    a(
+        "--idle-unload-s",
+        type=float,
+        metavar="S",
+        help="a model unused this long pays the cold start again (0 never)",
+    )
     a("--rate-limit", type=int, metavar="N", help="requests per minute per API key before 429 (0: no limit)")
     a("--error-rate", type=float, metavar="P", help="probability of a 500/502/503 reply")
     a("--drop-rate", type=float, metavar="P", help="probability that a stream's connection is cut mid-way")
@@ -51,20 +69,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--api-key", metavar="KEY", help="require this bearer token (401 without it)")
     a("--embedding-dim", type=int, metavar="N", help="length of /v1/embeddings vectors (default 256)")
     a("--seed", type=int, help="seed of the fault dice, so a flaky run repeats")
-    a("--tls", action="store_true", default=None,
-      help="serve https (h2 by ALPN) with a self-signed certificate for 127.0.0.1 and localhost; prints its path")
+    a(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="serve https (h2 by ALPN) with a self-signed certificate for 127.0.0.1 and localhost "
+        "(prints its path)",
+    )
     a("--certfile", metavar="PEM", help="serve https with this certificate (needs --keyfile)")
     a("--keyfile", metavar="PEM", help="the private key for --certfile")
-    a("--close-after-stream", action="store_true", default=None,
-      help="emulate llama.cpp: hang up on the next request of a keep-alive HTTP/1.1 connection after a stream")
+    a(
+        "--close-after-stream",
+        action="store_true",
+        default=None,
+        help="emulate llama.cpp: after a stream, hang up on the next request of that HTTP/1.1 connection",
+    )
     p.set_defaults(func=run)
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerSettings keys the command line gave explicitly."""
-    names = ("host", "port", "profile", "model", "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms",
-             "idle_unload_s", "rate_limit", "error_rate", "drop_rate", "stall_ms", "api_key", "embedding_dim",
-             "seed", "tls", "certfile", "keyfile", "close_after_stream")
+    names = (
+        "host",
+        "port",
+        "profile",
+        "model",
+        "ttft_ms",
+        "tokens_per_s",
+        "jitter_ms",
+        "cold_start_ms",
+        "idle_unload_s",
+        "rate_limit",
+        "error_rate",
+        "drop_rate",
+        "stall_ms",
+        "api_key",
+        "embedding_dim",
+        "seed",
+        "tls",
+        "certfile",
+        "keyfile",
+        "close_after_stream",
+    )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
