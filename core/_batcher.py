@@ -2,14 +2,16 @@
 
 A batch is flushed when ``max_size`` requests are queued or when the oldest has waited ``window_ms``; its
 requests then run concurrently over the shared pool, at most ``concurrency`` at once across all batches.
-Each caller awaits its own result (or its own exception); a failure never touches another caller.
+Each caller awaits its own result (or its own exception); a failure never touches another caller, and a caller
+that is cancelled cancels its own request (queued: it never runs; in flight: the handler is cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from llmchat.core._settings import BatchSettings
 
@@ -38,7 +40,11 @@ class MicroBatcher(Generic[T, R]):
         return len(self.sizes)
 
     async def submit(self, item: T) -> R:
-        """Queue ``item`` and wait for its result. Raises what the handler raised for this item."""
+        """Queue ``item`` and wait for its result. Raises what the handler raised for this item.
+
+        Cancelling the caller cancels the item: a queued one never reaches the handler, a running one has its
+        handler cancelled. Raises ``RuntimeError`` after ``aclose()``.
+        """
         if self._closed:
             raise RuntimeError("MicroBatcher is closed")
         loop = asyncio.get_running_loop()
@@ -48,20 +54,31 @@ class MicroBatcher(Generic[T, R]):
             self._flush()
         elif self._timer is None:
             self._timer = loop.call_later(self.settings.window_ms / 1000.0, self._flush)
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # Still queued: leave the queue, so the item neither runs nor takes a place in the next batch.
+            self._pending = [entry for entry in self._pending if entry[1] is not fut]
+            raise
 
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         batch, self._pending = self._pending, []
+        # Callers cancelled while queued are dropped here, so they neither run nor count in a batch's size.
+        batch = [(item, fut) for item, fut in batch if not fut.cancelled()]
         if not batch:
             return
         self.sizes.append(len(batch))
+        loop = asyncio.get_running_loop()
         for item, fut in batch:
-            task = asyncio.get_running_loop().create_task(self._run(item, fut))
+            task = loop.create_task(self._run(item, fut))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # A caller that stops waiting (Ctrl-C, a timeout) stops its request too, instead of leaving it to
+            # run, unseen, until aclose() waits for it.
+            fut.add_done_callback(functools.partial(_cancel_with, task))
 
     async def _run(self, item: T, fut: asyncio.Future[R]) -> None:
         if fut.cancelled():  # the caller gave up while queued: don't spend a request on it
@@ -92,3 +109,8 @@ class MicroBatcher(Generic[T, R]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _cancel_with(task: asyncio.Task[None], fut: asyncio.Future[Any]) -> None:
+    if fut.cancelled():
+        task.cancel()
