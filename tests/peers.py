@@ -1,0 +1,234 @@
+"""Misbehaving HTTP/1.1 peers for the client's error tests: tiny raw asyncio servers on 127.0.0.1, port 0.
+
+A ``Peer`` answers every request with the same script: byte strings written as they are and ``Pause``s
+slept in between, then it closes the connection, keeps it for the next request, or holds it open without a
+word (``then="hang"``). It runs on its own event loop in a daemon thread, so the same peer serves an async
+test's client and the CLI's ``asyncio.run`` alike. Everything is bounded: a hang lasts until the peer is
+closed (or ``HANG_CAP_S``), and ``close`` cuts every connection and joins the thread with a timeout.
+
+The builders below write what real peers send: an nginx 502 page, chunked SSE bodies with OpenAI-shaped
+chunks, llama.cpp's bare ``error:`` line, and whole JSON replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+HANG_CAP_S = 20.0
+"""The longest a peer holds a silent connection: past every timeout a test sets, short of a stuck suite."""
+_IO_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A deliberate gap between two writes, in seconds."""
+
+    seconds: float
+
+
+Step = bytes | Pause
+
+
+class Peer:
+    """A raw HTTP/1.1 server on 127.0.0.1 that answers each request with ``steps``.
+
+    ``then``: ``"close"`` closes the connection after the script, ``"keep"`` waits for the next request on
+    it, ``"hang"`` holds it open and silent. ``requests`` counts the requests read so far.
+    """
+
+    def __init__(self, steps: Sequence[Step], *, then: Literal["close", "keep", "hang"] = "close") -> None:
+        self.steps = list(steps)
+        self.then = then
+        self.requests = 0
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="test-peer", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Peer:
+        """Start listening; returns once the port is bound. Raises RuntimeError if that takes over 5 s."""
+        self._thread.start()
+        if not self._ready.wait(_IO_TIMEOUT_S):
+            raise RuntimeError("test peer did not start listening within 5 s")
+        if self._error is not None:
+            raise RuntimeError(f"test peer failed to start: {self._error!r}")
+        return self
+
+    def close(self) -> None:
+        """Cut every connection, stop the loop and join the thread (bounded). Safe to call twice."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop already stopped
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(_IO_TIMEOUT_S)
+
+    def __enter__(self) -> Peer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported to start(); a peer must never take the test runner down
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.add(task)
+            try:
+                await self._connection(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                pass  # the client went away or sent nothing: nothing to answer
+            finally:
+                tasks.discard(task)
+                writer.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=_IO_TIMEOUT_S)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._stop is not None
+        while True:
+            await asyncio.wait_for(_read_request(reader), _IO_TIMEOUT_S)
+            self.requests += 1
+            for step in self.steps:
+                if isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    writer.write(step)
+                    await writer.drain()
+            if self.then == "hang":
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), HANG_CAP_S)
+                return
+            if self.then == "close":
+                return
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and Content-Length body. Raises IncompleteReadError when the client closes."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    body = await reader.readexactly(length) if length else b""
+    return head + body
+
+
+# -- what peers send -----------------------------------------------------------------------------------------
+_REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+            502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def response(status: int, body: bytes, *, content_type: str, headers: dict[str, str] | None = None) -> bytes:
+    """A whole HTTP/1.1 response with a Content-Length."""
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {content_type}",
+             f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def json_response(status: int, obj: Any, *, headers: dict[str, str] | None = None) -> bytes:
+    return response(status, json.dumps(obj).encode(), content_type="application/json", headers=headers)
+
+
+NGINX_502_TITLE = "502 Bad Gateway"
+NGINX_502 = response(
+    502,
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.25.3</center>\r\n"
+    b"</body>\r\n</html>\r\n",
+    content_type="text/html",
+)
+"""What nginx answers when the upstream behind it is down."""
+
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+"""The head of a chunked event stream: each ``chunk`` after it is one write, ``END`` ends the body cleanly."""
+END = b"0\r\n\r\n"
+
+
+def chunk(payload: bytes) -> bytes:
+    """One chunk of a chunked body."""
+    return f"{len(payload):x}\r\n".encode() + payload + b"\r\n"
+
+
+def event(obj: Any) -> bytes:
+    """One SSE event, ``data: <json>``, as its own chunk."""
+    return chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+def raw_line(text: str) -> bytes:
+    """Any line, as its own chunk: a ``data:`` that is not JSON, llama.cpp's ``error: {...}`` ..."""
+    return chunk(text.encode() + b"\n\n")
+
+
+DONE = chunk(b"data: [DONE]\n\n")
+
+
+def delta(
+    content: str | None = None,
+    *,
+    role: str | None = None,
+    reasoning_content: str | None = None,
+    reasoning: str | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` with one choice; only the fields given appear in its delta."""
+    d: dict[str, Any] = {}
+    if role is not None:
+        d["role"] = role
+    if content is not None:
+        d["content"] = content
+    if reasoning_content is not None:
+        d["reasoning_content"] = reasoning_content
+    if reasoning is not None:
+        d["reasoning"] = reasoning
+    return {"id": "chatcmpl-peer", "object": "chat.completion.chunk", "created": 0, "model": "peer-model",
+            "choices": [{"index": 0, "delta": d, "finish_reason": finish_reason}]}
+
+
+def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The final chunk ``stream_options.include_usage`` asks for: no choices, only usage."""
+    return {"id": "chatcmpl-peer", "object": "chat.completion.chunk", "created": 0, "model": "peer-model",
+            "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                     "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def completion(text: str, *, finish_reason: str = "stop") -> dict[str, Any]:
+    """A whole ``chat.completion`` object, as a server that ignores ``stream: true`` sends it."""
+    return {"id": "chatcmpl-peer", "object": "chat.completion", "created": 0, "model": "peer-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
