@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from llmchat.core._bus import RequestDone, RequestStarted, WarmupState
-from llmchat.core._errors import APIError
+from llmchat.core._errors import LLMChatError
 
 if TYPE_CHECKING:
     from llmchat.core._client import ChatClient
@@ -32,6 +32,7 @@ class Warmer:
         self.state = "cold"
         self.rtt_ms: float | None = None
         self.error: str | None = None
+        self._warned = False
         self._last_activity = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._unsubs = [
@@ -47,19 +48,27 @@ class Warmer:
         self.client.bus.publish(WarmupState(self.client.endpoint.name, state, self.rtt_ms, self.error))
 
     async def warm(self) -> bool:
-        """One round trip (GET /models) on the pool. Returns True when it answered; never raises APIError."""
+        """One round trip (GET /models) on the pool. Returns True when it answered.
+
+        Never raises for a provider that cannot be reached or refuses: the state becomes ``failed``, ``error``
+        says why, and one warning is logged (repeats while it stays down go to debug).
+        """
         if self.state != "warm":
             self._set("warming")
         t0 = time.perf_counter_ns()
         try:
             await self.client.models()
-        except APIError as exc:
+        except LLMChatError as exc:  # APIError, or a ConfigError for a base_url that is not http(s)
             self.error = str(exc)
-            log.warning("warm-up of %s failed: %s", self.client.endpoint.name, exc)
+            # One warning when warm-up goes wrong, not one per ping while the provider stays down.
+            log.log(logging.DEBUG if self._warned else logging.WARNING,
+                    "warm-up of %s failed: %s", self.client.endpoint.name, exc)
+            self._warned = True
             self._set("failed")
             return False
         self.rtt_ms = (time.perf_counter_ns() - t0) / 1e6
         self.error = None
+        self._warned = False
         self._set("warm")
         return True
 
