@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import AsyncIterator
 
@@ -121,3 +122,14 @@ async def test_nothing_reaches_stderr(local_server: RunningServer, capfd: pytest
         await client.post("/chat/completions", json={"messages": [{"role": "user", "content": [{"x": 1}]}]})
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+def test_a_websocket_upgrade_is_refused_with_403(local_server: RunningServer) -> None:
+    request = (
+        b"GET /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", local_server.port), timeout=5) as sock:
+        sock.sendall(request)
+        assert sock.recv(64).startswith(b"HTTP/1.1 403")

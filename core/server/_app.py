@@ -56,8 +56,13 @@ class ServerApp:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             return
+        if scope["type"] == "websocket":
+            # No websocket API here: closing before accepting is refused as 403, as the ASGI spec says.
+            await receive()
+            await send({"type": "websocket.close", "code": 1000})
+            return
         if scope["type"] != "http":
-            return  # websockets: hypercorn refuses the upgrade when the app returns
+            return
         loop = asyncio.get_running_loop()
         ex = Exchange(scope, receive, send, time.monotonic_ns(), loop.time())
         if self.settings.close_after_stream and self.registry.is_doomed(scope.get("client")):
