@@ -1,6 +1,7 @@
 """`llmchat serve`: run the local OpenAI-compatible server until SIGINT or SIGTERM.
 
-Settings, later wins: the defaults, the profile (``--profile``), then each flag given. Exit status 0 after a
+Settings, later wins: the defaults, the profile (``--profile``, or ``server.profile`` in the config), the
+config file's ``[server]`` section, then each flag given. Exit status 0 after a
 clean shutdown, 2 for a bad flag value, 1 when the address cannot be bound.
 """
 
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from typing import Any
 
+from llmchat.core import ServerSettings, load_settings
 from llmchat.core.server import PROFILE_SUMMARIES, resolve_settings, serve
 
 # flag dest -> ServerSettings field, for the flags whose names differ
@@ -87,6 +90,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def config_values(config: str | None) -> dict[str, Any]:
+    """The [server] keys the config file and LLMCHAT_SERVER__* set, as a layer over the profile.
+
+    Keys equal to their defaults are left out, so a profile named on the command line still applies; the
+    price is that a key written out at its default value cannot override a profile (name it as a flag).
+    """
+    server = load_settings(config).server
+    defaults = ServerSettings()
+    return {f.name: getattr(server, f.name) for f in dataclasses.fields(server)
+            if getattr(server, f.name) != getattr(defaults, f.name)}
+
+
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerSettings keys the command line gave explicitly."""
     names = (
@@ -115,6 +130,6 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(flag_values(args))
+    settings = resolve_settings(config_values(args.config), flag_values(args))
     asyncio.run(serve(settings, ready=lambda line: print(line, flush=True)))
     return 0
