@@ -209,7 +209,13 @@ class ReplyCache:
         key: the key must not depend on, or leak, who asked. A trailing ``/`` on ``base_url`` is ignored.
         Raises ``TypeError`` if something is not JSON-serialisable.
         """
-        kept = {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS}
+        # None means "not sent" (the wire layer drops it), and 0 and 0.0 ask for the same thing: normalise both
+        # so a temperature from the command line (0.0) and one from a file (0) share a key.
+        kept = {
+            k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+            for k, v in params.items()
+            if k not in TRANSPORT_PARAMS and v is not None
+        }
         return _canonical_sha256({
             "v": KEY_VERSION, "kind": "chat", "base_url": base_url.rstrip("/"), "model": model,
             "messages": messages, "params": kept,

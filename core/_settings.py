@@ -173,7 +173,7 @@ class ServerSettings:
     tls: bool = False
     """Serve TLS with a self-signed certificate for 127.0.0.1 and localhost when no certfile is given."""
     close_after_stream: bool = False
-    """Close each HTTP/1.1 keep-alive connection right after a stream ends, as llama.cpp's server does."""
+    """Emulate llama.cpp: after a stream, the next request on that HTTP/1.1 keep-alive connection is cut unanswered."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -601,3 +601,11 @@ def test_cli_takes_cache_settings_from_the_config_file(
     assert main(["--config", str(config), "cache", "stats"]) == 0
     table = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert table["size"] == "0 B of 2.0 MiB" and table["policy"] == "always" and table["ttl"] == "1 h"
+
+
+def test_chat_key_treats_equal_numbers_and_unset_params_alike() -> None:
+    base = {"base_url": "http://h/v1", "model": "m", "messages": [{"role": "user", "content": "x"}]}
+    k0 = ReplyCache.chat_key(**base, params={"temperature": 0, "max_tokens": 10})
+    assert k0 == ReplyCache.chat_key(**base, params={"temperature": 0.0, "max_tokens": 10, "seed": None})
+    assert k0 != ReplyCache.chat_key(**base, params={"temperature": 0.5, "max_tokens": 10})
+    assert k0 != ReplyCache.chat_key(**base, params={"temperature": 0, "max_tokens": 10, "seed": 1})
