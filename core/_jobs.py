@@ -8,6 +8,7 @@ it stopped. A failed line is written with its error and never stops the run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -120,9 +121,17 @@ async def run_jobs(
     *,
     settings: BatchSettings | None = None,
     on_result: Callable[[Job, TimingRecord | None, str | None], None] | None = None,
+    summary: JobSummary | None = None,
 ) -> JobSummary:
-    """Run ``jobs`` through the micro-batcher and write one line each to ``out`` as it completes."""
-    summary = JobSummary(total=len(jobs))
+    """Run ``jobs`` through the micro-batcher and write one line each to ``out`` as it completes.
+
+    A job that fails is written with its error and counted; nothing a job does stops the others. Cancelling
+    the run (Ctrl-C) cancels the jobs in flight, which write nothing and so run again on resume; every line
+    written is whole. Pass ``summary`` to keep the counts of a run that is cancelled (it is filled in place).
+    """
+    if summary is None:
+        summary = JobSummary()
+    summary.total = len(jobs)
 
     async def handle(job: Job) -> None:
         params = dict(job.params)
@@ -159,8 +168,6 @@ async def run_jobs(
             on_result(job, record, error)
 
     async with MicroBatcher(handle, settings or client.settings.batch) as batcher:
-        import asyncio
-
         await asyncio.gather(*(batcher.submit(j) for j in jobs))
     return summary
 

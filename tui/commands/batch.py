@@ -44,23 +44,35 @@ def run(args: argparse.Namespace) -> int:
     out_path = Path(args.output)
     already = done_ids(out_path)
     todo = [j for j in jobs if j.id not in already]
+    summary = JobSummary()
+    interrupted = False
     with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (base_url, http2, model):
         args.model = args.model or model
-        summary = asyncio.run(_run(args, settings, todo, out_path, base_url, http2))
+        try:
+            asyncio.run(_run(args, settings, todo, out_path, base_url, http2, summary))
+        except KeyboardInterrupt:
+            # asyncio.run cancelled the run: the jobs in flight were cancelled and wrote nothing.
+            interrupted = True
+    summary.total = len(todo)
     summary.skipped = len(jobs) - len(todo)
     summary.bad_lines = bad
     print(summary_table(summary), file=sys.stderr)
+    if interrupted:
+        written = summary.ok + summary.failed
+        print(f"llmchat: interrupted after {written} of {len(todo)} jobs; results so far are in {out_path}: run "
+              "the same command again to resume", file=sys.stderr)
+        return 130
     return 1 if summary.failed else 0
 
 
 async def _run(args: argparse.Namespace, settings, todo: list[Job], out_path: Path,  # type: ignore[no-untyped-def]
-               base_url: str | None, http2: object) -> JobSummary:
+               base_url: str | None, http2: object, summary: JobSummary) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
                           http2=http2) as client:  # type: ignore[arg-type]
         with open_output(out_path) as out:
             try:
-                return await run_jobs(client, todo, out, on_result=progress.update)
+                return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)
             finally:
                 progress.close()
 
