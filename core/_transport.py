@@ -12,6 +12,7 @@ server does); ``false`` is HTTP/1.1 only. The version actually used is read from
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import ssl
 import time
@@ -96,7 +97,25 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
                 f"http.verify: cannot load the CA bundle {path} ({exc.__class__.__name__}: "
                 f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file or set it to true"
             ) from None
-    return True  # httpx builds it, honouring SSL_CERT_FILE / SSL_CERT_DIR when trust_env is on
+    env = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if http.trust_env else (None, None)
+    try:
+        return _default_context(bool(http.http2), http.trust_env, *env)
+    except (OSError, ssl.SSLError) as exc:
+        where = f"SSL_CERT_FILE={env[0]}" if env[0] else f"SSL_CERT_DIR={env[1]}" if env[1] else "certifi's bundle"
+        raise errors.ConfigError(
+            f"cannot load the CA certificates from {where} ({exc.__class__.__name__}: "
+            f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set http.trust_env "
+            "to false"
+        ) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _default_context(http2: bool, trust_env: bool, cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    # Left to itself httpx builds a context per client and loads every CA certificate into it: ~50 ms of CPU
+    # on the event loop in the first request of each new pool, http:// ones included. One per process instead.
+    # Keyed by what makes two contexts differ: the ALPN list httpcore sets on it per connection (http2), and
+    # the variables httpx reads (SSL_CERT_FILE / SSL_CERT_DIR, only when trust_env is on).
+    return httpx.create_ssl_context(verify=True, trust_env=trust_env)
 
 
 def _build_client(endpoint: Endpoint) -> httpx.AsyncClient:
