@@ -10,9 +10,11 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import certifi
 import pytest
 
-from llmchat.core import ChatClient, HttpSettings, Settings, Warmer, WarmupState
+from llmchat.core import ChatClient, ConfigError, HttpSettings, Settings, TLSError, Warmer, WarmupState
+from llmchat.core._transport import _ssl_context
 from llmchat.core.server import RunningServer
 
 Factory = Callable[..., RunningServer]
@@ -169,3 +171,34 @@ def test_ping_s_defaults_to_the_providers_keepalive_ping() -> None:
     client = ChatClient(settings, base_url="http://127.0.0.1:9/v1", model=MODEL, use_cache=False)
     assert Warmer(client).ping_s == 7.5
     assert Warmer(client, ping_s=0).ping_s == 0
+
+
+async def test_new_pools_share_one_tls_context_that_follows_ssl_cert_file(
+    tls_server: RunningServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Building a default TLS context costs ~50 ms of CPU on the event loop, in the first request of every new
+    # pool: it is built once per process, but a change of SSL_CERT_FILE still gives a context that honours it.
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert_path))
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    shared = _ssl_context(HttpSettings())
+    assert _ssl_context(HttpSettings()) is shared
+    assert _ssl_context(HttpSettings(http2=False)) is not shared  # httpcore sets ALPN on it per connection
+    for _ in range(2):  # two pools, one after the other, both trusting the server through SSL_CERT_FILE
+        async with ChatClient(base_url=tls_server.base_url, model=MODEL, use_cache=False) as client:
+            reply = await client.complete(MESSAGES, max_tokens=2)
+        assert reply.record.tls_ms is not None and reply.record.http_version == "HTTP/2"
+
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())  # real CAs, but not the server's own
+    assert _ssl_context(HttpSettings()) is not shared
+    async with ChatClient(base_url=tls_server.base_url, model=MODEL, use_cache=False) as client:
+        with pytest.raises(TLSError):
+            await client.complete(MESSAGES, max_tokens=2)
+
+    missing = tmp_path / "no-such-bundle.pem"
+    monkeypatch.setenv("SSL_CERT_FILE", str(missing))
+    async with ChatClient(base_url=tls_server.base_url, model=MODEL, use_cache=False) as client:
+        with pytest.raises(ConfigError) as caught:
+            await client.complete(MESSAGES, max_tokens=2)
+    message = str(caught.value)
+    assert message.startswith(f"cannot load the CA certificates from SSL_CERT_FILE={missing} (")
+    assert "unset it" in message and "\n" not in message
