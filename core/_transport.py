@@ -97,20 +97,23 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
                 f"http.verify: cannot load the CA bundle {path} ({exc.__class__.__name__}: "
                 f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file or set it to true"
             ) from None
-    env = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if http.trust_env else (None, None)
+    file = os.environ.get("SSL_CERT_FILE") if http.trust_env else None
+    folder = os.environ.get("SSL_CERT_DIR") if http.trust_env else None
     try:
-        return _default_context(bool(http.http2), http.trust_env, *env)
+        return _default_context(bool(http.http2), http.trust_env, file, folder)
     except (OSError, ssl.SSLError) as exc:
-        where = f"SSL_CERT_FILE={env[0]}" if env[0] else f"SSL_CERT_DIR={env[1]}" if env[1] else "certifi's bundle"
+        where = f"SSL_CERT_FILE={file}" if file else f"SSL_CERT_DIR={folder}" if folder else "certifi's CAs"
         raise errors.ConfigError(
             f"cannot load the CA certificates from {where} ({exc.__class__.__name__}: "
-            f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set http.trust_env "
-            "to false"
+            f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set "
+            "http.trust_env to false"
         ) from None
 
 
 @functools.lru_cache(maxsize=8)
-def _default_context(http2: bool, trust_env: bool, cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+def _default_context(
+    http2: bool, trust_env: bool, cert_file: str | None, cert_dir: str | None
+) -> ssl.SSLContext:
     # Left to itself httpx builds a context per client and loads every CA certificate into it: ~50 ms of CPU
     # on the event loop in the first request of each new pool, http:// ones included. One per process instead.
     # Keyed by what makes two contexts differ: the ALPN list httpcore sets on it per connection (http2), and
