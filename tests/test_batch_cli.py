@@ -31,7 +31,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def write_jobs(path: Path, jobs: list[Any]) -> Path:
-    path.write_text("".join((j if isinstance(j, str) else json.dumps(j)) + "\n" for j in jobs), encoding="utf-8")
+    lines = [(j if isinstance(j, str) else json.dumps(j)) + "\n" for j in jobs]
+    path.write_text("".join(lines), encoding="utf-8")
     return path
 
 
@@ -121,7 +122,7 @@ def test_resume_runs_only_the_missing_ids_and_drops_a_half_written_line(
     local_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ids = [f"job-{i}" for i in range(6)]
-    inp = write_jobs(tmp_path / "jobs.jsonl", [{"id": i, "prompt": f"prompt {i}", "max_tokens": 4} for i in ids])
+    inp = write_jobs(tmp_path / "jobs.jsonl", [{"id": i, "prompt": f"p {i}", "max_tokens": 4} for i in ids])
     out = tmp_path / "out.jsonl"
     earlier = [{"id": i, "reply": "from the earlier run", "error": None} for i in ids[:3]]
     # A crash mid-write: job-3's line never got its end.
@@ -165,8 +166,10 @@ def test_retries_are_counted_per_line_and_in_the_summary(
 ) -> None:
     server = server_factory(profile="instant", error_rate=0.5, seed=4)
     config = tmp_path / "config.toml"
-    config.write_text("[retry]\nmax_attempts = 8\nbase_delay_s = 0.01\nmax_delay_s = 0.05\n", encoding="utf-8")
-    inp = write_jobs(tmp_path / "jobs.jsonl", [{"id": i, "prompt": f"p{i}", "max_tokens": 3} for i in range(12)])
+    config.write_text("[retry]\nmax_attempts = 8\nbase_delay_s = 0.01\nmax_delay_s = 0.05\n",
+                      encoding="utf-8")
+    jobs = [{"id": i, "prompt": f"p{i}", "max_tokens": 3} for i in range(12)]
+    inp = write_jobs(tmp_path / "jobs.jsonl", jobs)
     out = tmp_path / "out.jsonl"
     status = main(["--config", str(config), "batch", str(inp), "-o", str(out), "--base-url", server.base_url,
                    "--quiet", "--concurrency", "3"])
@@ -180,7 +183,9 @@ def test_retries_are_counted_per_line_and_in_the_summary(
     assert rows["failed"] == str(failed) and status == (1 if failed else 0)
 
 
-def test_an_input_file_that_cannot_be_read_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_input_file_that_cannot_be_read_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     status = main(["batch", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out.jsonl"),
                    "--base-url", "http://127.0.0.1:9/v1"])
     err = capsys.readouterr().err
@@ -209,7 +214,8 @@ def test_ctrl_c_stops_at_once_with_whole_lines_and_a_rerun_finishes(
     jobs += [{"id": i, "prompt": f"slow {i}", "max_tokens": 50} for i in ids[1:]]
     inp = write_jobs(tmp_path / "jobs.jsonl", jobs)
     out = tmp_path / "out.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLMCHAT_CONFIG")}
+    dropped = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLMCHAT_CONFIG")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     child = subprocess.Popen(
         [sys.executable, "-m", "llmchat.tui", "batch", str(inp), "-o", str(out), "--base-url", slow.base_url,
          "--concurrency", "3", "--quiet"],

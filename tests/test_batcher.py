@@ -28,7 +28,8 @@ async def test_a_full_batch_goes_out_at_once_without_waiting_for_the_window() ->
         seen.append(item)
         return item * 10
 
-    async with MicroBatcher(handler, BatchSettings(max_size=3, window_ms=NEVER_MS, concurrency=10)) as batcher:
+    settings = BatchSettings(max_size=3, window_ms=NEVER_MS, concurrency=10)
+    async with MicroBatcher(handler, settings) as batcher:
         async with asyncio.timeout(BOUND_S):
             results = await asyncio.gather(*(batcher.submit(i) for i in range(3)))
     assert results == [0, 10, 20]

@@ -129,7 +129,9 @@ def client_for(relay: RecordingRelay, tmp_path: Path, **cache: Any) -> ChatClien
     return ChatClient(settings, base_url=relay.base_url, http2=False, model=MODEL)
 
 
-async def test_a_deterministic_batch_reply_is_served_from_the_cache(relay: RecordingRelay, tmp_path: Path) -> None:
+async def test_a_deterministic_batch_reply_is_served_from_the_cache(
+    relay: RecordingRelay, tmp_path: Path
+) -> None:
     async with client_for(relay, tmp_path) as client:
         done: list[bool] = []
         client.bus.subscribe(RequestDone, lambda e: done.append(e.record.cache_hit))
@@ -177,7 +179,8 @@ async def test_a_cached_reply_is_replayed_as_a_stream_only_when_asked(relay: Rec
     record = stream.record
     assert record.cache_hit is True and record.attempts == 0 and record.mode == "stream"
     assert record.first_token_ns is not None and record.content_chunks == len(pieces)
-    assert stream.finish_reason == stored.finish_reason and record.output_tokens == stored.record.output_tokens
+    assert stream.finish_reason == stored.finish_reason
+    assert record.output_tokens == stored.record.output_tokens
 
     async with client_for(relay, tmp_path, replay_streams=False) as client:
         live = client.stream(MESSAGES, temperature=0, max_tokens=40)
@@ -237,7 +240,8 @@ async def test_no_api_key_anywhere_in_the_cache_folder(server_factory: Factory, 
     server = server_factory(api_key=API_KEY)
     folder = tmp_path / "cache"
     settings = Settings(cache=CacheSettings(path=str(folder), policy="always", replay_streams=True))
-    async with ChatClient(settings, base_url=server.base_url, http2="h2c", model=MODEL, api_key=API_KEY) as client:
+    async with ChatClient(settings, base_url=server.base_url, http2="h2c", model=MODEL,
+                          api_key=API_KEY) as client:
         reply = await client.complete(MESSAGES, max_tokens=30)
         await client.complete(MESSAGES, max_tokens=30, temperature=0, seed=3)
         await client.embed(["alpha", "beta"])

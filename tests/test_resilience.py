@@ -1,8 +1,8 @@
 """Retries and stale connections through ChatClient, against the real local server on 127.0.0.1.
 
 Where the local server cannot say what a test needs (a Retry-After short enough to wait for: its limiter's
-window is a minute; ``x-should-retry``, which it never sends) a scripted HTTP/1.1 peer on a real socket answers
-instead. Waits are checked as lower bounds on the monotonic clock, never as upper bounds.
+window is a minute; ``x-should-retry``, which it never sends) a scripted HTTP/1.1 peer on a real socket
+answers instead. Waits are checked as lower bounds on the monotonic clock, never as upper bounds.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class ScriptedPeer:
                 if n < len(self.script):
                     step = self.script[n]
                     status, headers = step.status, step.headers
-                    body = json.dumps({"error": {"message": f"scripted {status}", "type": "scripted"}}).encode()
+                    error = {"message": f"scripted {status}", "type": "scripted"}
+                    body = json.dumps({"error": error}).encode()
                 else:
                     status, headers, body = 200, {}, _completion("scripted ok")
                 lines = [f"HTTP/1.1 {status} Scripted", "content-type: application/json",
@@ -162,7 +163,9 @@ class ScriptedPeer:
 
 
 @pytest.mark.parametrize("mode", ["batch", "stream"])
-async def test_5xx_every_time_spends_every_attempt_and_waits_as_announced(server_factory: Factory, mode: str) -> None:
+async def test_5xx_every_time_spends_every_attempt_and_waits_as_announced(
+    server_factory: Factory, mode: str
+) -> None:
     server = server_factory(profile="instant", error_rate=1.0)
     async with make_client(server.base_url) as client:
         planned = watch(client)
@@ -307,7 +310,8 @@ async def test_x_should_retry_and_the_retryable_statuses(status: int, should_ret
             if retried:
                 reply = await client.complete(MESSAGES)
                 assert reply.record.attempts == 2
-                assert [(e.reason, e.wait_source) for e in reply.record.retries] == [(str(status), "retry-after-ms")]
+                planned = [(e.reason, e.wait_source) for e in reply.record.retries]
+                assert planned == [(str(status), "retry-after-ms")]
             else:
                 with pytest.raises(HTTPStatusError) as caught:
                     await client.complete(MESSAGES)
@@ -316,7 +320,7 @@ async def test_x_should_retry_and_the_retryable_statuses(status: int, should_ret
     assert len(peer.arrived_ns) == (2 if retried else 1)
 
 
-# -- stale keep-alive connections -----------------------------------------------------------------------------
+# -- stale keep-alive connections ---------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -58,7 +58,9 @@ async def test_warm_up_opens_the_connection_the_first_request_then_uses(
 
 
 @pytest.mark.parametrize("http2", ["h2c", False])
-async def test_a_cold_client_pays_the_connect_on_its_first_request(server_factory: Factory, http2: Any) -> None:
+async def test_a_cold_client_pays_the_connect_on_its_first_request(
+    server_factory: Factory, http2: Any
+) -> None:
     server = server_factory(ttft_ms=0)
     async with ChatClient(base_url=server.base_url, http2=http2, model=MODEL, use_cache=False) as client:
         first = await client.complete(MESSAGES, max_tokens=3)

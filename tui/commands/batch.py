@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(summary), file=sys.stderr)
     if interrupted:
         written = summary.ok + summary.failed
-        print(f"llmchat: interrupted after {written} of {len(todo)} jobs; results so far are in {out_path}: run "
-              "the same command again to resume", file=sys.stderr)
+        print(f"llmchat: interrupted after {written} of {len(todo)} jobs; results so far are in {out_path}: "
+              "run the same command again to resume", file=sys.stderr)
         return 130
     return 1 if summary.failed else 0
 
