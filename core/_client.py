@@ -497,8 +497,8 @@ class ChatStream:
                 return
             decoder = SSEDecoder(extra_fields=("error",))
             done = False
-            body = resp.aiter_bytes()
-            async for raw in body:
+            chunks = resp.aiter_bytes()
+            async for raw in chunks:
                 now = time.perf_counter_ns()
                 for event in decoder.feed(raw):
                     data = event.data
@@ -537,16 +537,16 @@ class ChatStream:
                     "(the connection closed early); try again"
                 )
             if done:
-                await _drain(body)
+                await _drain(chunks)
 
 
-async def _drain(body: AsyncIterator[bytes]) -> None:
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
     # The end of the body (HTTP/1.1's last chunk) follows [DONE]; a response closed before it is read makes
     # httpcore drop the connection, so every stream would cost the next request a reconnect. Bounded: a server
     # that holds the body open after [DONE] loses its connection instead of stalling the caller.
     with contextlib.suppress(errors.APIError, TimeoutError):
         async with asyncio.timeout(_DRAIN_S):
-            async for _ in body:
+            async for _ in chunks:
                 pass
 
 
