@@ -67,7 +67,7 @@ def read_jobs(lines: Iterable[str], *, source: str = "input") -> tuple[list[Job]
             continue
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             bad.append(f"{source}:{lineno}: not JSON ({exc.msg}); skipped")
             continue
         if not isinstance(obj, dict):
