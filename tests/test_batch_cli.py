@@ -22,14 +22,6 @@ Factory = Callable[..., RunningServer]
 BOUND_S = 15.0
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLMCHAT_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def write_jobs(path: Path, jobs: list[Any]) -> Path:
     lines = [(j if isinstance(j, str) else json.dumps(j)) + "\n" for j in jobs]
     path.write_text("".join(lines), encoding="utf-8")

@@ -28,14 +28,6 @@ BOUND_S = 5.0
 API_KEY = "sk-llmchat-test-5f0c1e2d3b4a69788796a5b4c3d2e1f0"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-
-
 @dataclass(frozen=True)
 class WireRequest:
     method: str

@@ -42,14 +42,6 @@ EARLY_NS = 1_000_000
 """asyncio may wake a timer up to its clock resolution early; 1 ms covers it with room to spare."""
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-
-
 def make_client(base_url: str, *, http2: Any = "h2c", retry: RetrySettings = FAST,
                 settings: Settings | None = None) -> ChatClient:
     return ChatClient(settings, base_url=base_url, http2=http2, model=MODEL, use_cache=False, retry=retry)

@@ -23,14 +23,6 @@ MODEL = "llmchat-local"
 BOUND_S = 5.0
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-
-
 def states(client: ChatClient) -> list[WarmupState]:
     seen: list[WarmupState] = []
     client.bus.subscribe(WarmupState, seen.append)
