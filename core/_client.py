@@ -296,15 +296,20 @@ class ChatClient:
                 hit = await self.cache.get_chat(key)
                 if hit is not None:
                     return self._from_cache(hit, record)
+            t = time.perf_counter_ns()
             body = wire.chat_body(m, messages, params, stream=False)
+            record.encode_ns = time.perf_counter_ns() - t
             stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m)
             async with stack:
                 data = await resp.aread()
+            t = time.perf_counter_ns()
             reply = wire.parse_reply(
                 data, status=resp.status, content_type=resp.headers.get("content-type", ""),
                 where=self.endpoint.hostport,
             )
             record.end_ns = time.perf_counter_ns()
+            record.decode_ns = record.end_ns - t
+            _server_reports(record, resp, reply.timings)
             record.server_timing = reply.server_timing
             record.finish_reason = reply.finish_reason
             _apply_usage(record, reply.usage, fallback_tokens=0)
@@ -478,8 +483,11 @@ class ChatStream:
 
     async def _stream(self) -> AsyncIterator[str]:
         client, record = self._client, self.record
+        t = time.perf_counter_ns()
         body = wire.chat_body(self.model, self.messages, self.params, stream=True)
+        record.encode_ns = time.perf_counter_ns() - t
         stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model)
+        _server_reports(record, resp, None)
         async with stack:
             ctype = resp.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
@@ -500,7 +508,9 @@ class ChatStream:
             chunks = resp.aiter_bytes()
             async for raw in chunks:
                 now = time.perf_counter_ns()
-                for event in decoder.feed(raw):
+                events = decoder.feed(raw)
+                record.decode_ns += time.perf_counter_ns() - now
+                for event in events:
                     data = event.data
                     if event.event == "error":
                         raise errors.ProtocolError(
@@ -512,10 +522,12 @@ class ChatStream:
                         break
                     if not data:
                         continue
+                    t = time.perf_counter_ns()
                     try:
                         delta = wire.parse_chunk(data)
                     except wire.StreamError as exc:
                         raise errors.ProtocolError(f"{client.endpoint.hostport}: {exc}; the partial reply is kept") from None
+                    record.decode_ns += time.perf_counter_ns() - t
                     if delta.content:
                         self._on_content(delta.content, now)
                         yield delta.content
@@ -528,6 +540,8 @@ class ChatStream:
                         _apply_usage(record, delta.usage, fallback_tokens=record.content_chunks)
                     if delta.server_timing:
                         record.server_timing = delta.server_timing
+                    if delta.timings:
+                        record.server_reported = delta.timings
                 if done:
                     break
             record.end_ns = time.perf_counter_ns()
@@ -548,6 +562,18 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(_DRAIN_S):
             async for _ in chunks:
                 pass
+
+
+def _server_reports(record: TimingRecord, resp: WireResponse, timings: dict[str, float] | None) -> None:
+    """Keep what the server says about its own time: OpenAI's processing header, llama.cpp's timings."""
+    header = resp.headers.get("openai-processing-ms")
+    if header:
+        try:
+            record.server_processing_ms = float(header)
+        except ValueError:
+            pass  # a malformed header is no reason to fail a reply
+    if timings:
+        record.server_reported = timings
 
 
 def _error_line(data: str) -> str:

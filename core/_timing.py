@@ -103,6 +103,14 @@ class TimingRecord:
     error_kind: str | None = None
     finish_reason: str | None = None
     server_timing: dict[str, int] | None = None
+    # What the client itself spent, measured: encoding the request body, and decoding the reply (SSE framing and
+    # JSON). Attribution shows these apart so llmchat never blames the network for its own work.
+    encode_ns: int = 0
+    decode_ns: int = 0
+    # What other servers report about themselves: llama.cpp's final ``timings`` object (prompt_ms,
+    # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
+    server_reported: dict[str, float] | None = None
+    server_processing_ms: float | None = None
 
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property

@@ -38,6 +38,7 @@ class Delta:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     server_timing: dict[str, int] | None = None
+    timings: dict[str, float] | None = None  # llama.cpp's self-report on the final chunk
 
 
 class StreamError(Exception):
@@ -73,7 +74,16 @@ def parse_chunk(data: str) -> Delta:
     st = obj.get("server_timing")
     if isinstance(st, dict):
         d.server_timing = {k: v for k, v in st.items() if isinstance(v, int)}
+    d.timings = _timings(obj.get("timings"))
     return d
+
+
+def _timings(raw: object) -> dict[str, float] | None:
+    """llama.cpp's ``timings`` (prompt_ms, predicted_ms, prompt_n, predicted_n ...): numbers only, or None."""
+    if not isinstance(raw, dict):
+        return None
+    out = {k: float(v) for k, v in raw.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return out or None
 
 
 @dataclass(slots=True)
@@ -86,6 +96,7 @@ class Reply:
     usage: dict[str, Any] | None
     model: str | None
     server_timing: dict[str, int] | None
+    timings: dict[str, float] | None = None
 
 
 def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> Reply:
@@ -101,6 +112,7 @@ def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> R
         usage=obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
         model=obj.get("model"),
         server_timing={k: v for k, v in st.items() if isinstance(v, int)} if isinstance(st, dict) else None,
+        timings=_timings(obj.get("timings")),
     )
 
 
