@@ -93,6 +93,10 @@ RULES: dict[str, Rule] = {
     "ui.sla_total_ms": _POSITIVE_MS,
     "ui.stall_s": _POSITIVE_SECONDS,
     "ui.hud_history": _POSITIVE_INT,
+    "ui.prices.*": Rule(
+        "a table of input_per_mtok and output_per_mtok, non-negative prices per million tokens",
+        lambda v: set(v) <= {"input_per_mtok", "output_per_mtok"} and all(p >= 0 for p in v.values()),
+    ),
     "server.host": _NON_EMPTY,
     "server.port": Rule("a port number from 0 to 65535", lambda v: 0 <= v <= 65535),
     "server.models": Rule("a non-empty list of model ids", lambda v: bool(v) and all(v)),
@@ -107,6 +111,7 @@ RULES: dict[str, Rule] = {
     "server.stall_ms": _NON_NEGATIVE_MS,
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
+    "server.rtt_ms": _NON_NEGATIVE_MS,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

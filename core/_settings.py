@@ -126,6 +126,8 @@ class UISettings:
     """Show the HUD at start (it folds away by itself on narrow terminals)."""
     stream: bool = True
     """Start in stream mode (true) or batch mode (false)."""
+    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per-model prices per million tokens (input_per_mtok, output_per_mtok), for the HUD's estimated cost."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +176,19 @@ class ServerSettings:
     """Serve TLS with a self-signed certificate for 127.0.0.1 and localhost when no certfile is given."""
     close_after_stream: bool = False
     """Emulate llama.cpp: after a stream, the next request on that HTTP/1.1 keep-alive connection is cut unanswered."""
+    rtt_ms: float = 0.0
+    """Delay bytes in each direction by half of this, so new connections and TLS handshakes cost what they
+    cost across regions."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    """Logs llmchat writes besides its own warnings."""
+
+    requests_path: str = ""
+    """Append one JSON line per request (its timing record, never a key) to this file; empty writes none."""
+    include_text: bool = False
+    """Also write each request's prompt and reply text in the request log."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,5 +205,6 @@ class Settings:
     batch: BatchSettings = field(default_factory=BatchSettings)
     ui: UISettings = field(default_factory=UISettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    log: LogSettings = field(default_factory=LogSettings)
     keymap: dict[str, str] = field(default_factory=dict)
     """Key binding id = keys, for example send = "ctrl+s"; see the ids in the app's help."""

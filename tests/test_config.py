@@ -114,7 +114,41 @@ BAD_VALUES = [
         '[providers.x]\nname = "y"',
         "providers.x.name is taken from the table's name and cannot be set; remove it",
     ),
+    (
+        '[ui.prices."gpt-4.1-mini"]\ninput_per_mtoks = 0.15',
+        'ui.prices."gpt-4.1-mini" must be a table of input_per_mtok and output_per_mtok, non-negative prices '
+        "per million tokens, got { input_per_mtoks = 0.15 }",
+    ),
+    (
+        "[ui.prices.m]\noutput_per_mtok = -1",
+        "ui.prices.m must be a table of input_per_mtok and output_per_mtok, non-negative prices per million "
+        "tokens, got { output_per_mtok = -1 }",
+    ),
+    (
+        '[ui.prices.m]\ninput_per_mtok = "cheap"',
+        "ui.prices.m must be a table of input_per_mtok and output_per_mtok, non-negative prices per million "
+        'tokens, got { input_per_mtok = "cheap" }',
+    ),
 ]
+
+
+def test_prices_per_model_load_as_numbers(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "config.toml",
+        """
+        [ui.prices."gpt-4o-mini"]
+        input_per_mtok = 0.15
+        output_per_mtok = 0.6
+        [ui.prices.local]
+        output_per_mtok = 0
+        """,
+    )
+    prices = load_settings(config, env={}).ui.prices
+    assert prices == {
+        "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6},
+        "local": {"output_per_mtok": 0.0},
+    }
+    assert isinstance(prices["local"]["output_per_mtok"], float)
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_VALUES, ids=[m.split(" ")[0] for _, m in BAD_VALUES])
@@ -796,6 +830,7 @@ def test_every_rule_names_a_real_field() -> None:
     """A typo in RULES would silently check nothing; every key must resolve to a field."""
 
     def resolves(dotted: str) -> bool:
+        dotted = dotted.removesuffix(".*")  # a rule for each entry of a table field, like ui.prices.*
         section, _, key = dotted.rpartition(".")
         if section == "providers.*":
             return key in {f.name for f in dataclasses.fields(ProviderSettings)}
