@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from llmchat.tui.commands import ask, batch, cache, chat, config, serve
+from llmchat.tui.commands import ask, batch, cache, chat, config, export, serve
 
-COMMANDS = [chat, ask, serve, batch, config, cache]
+COMMANDS = [chat, ask, serve, batch, config, cache, export]

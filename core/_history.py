@@ -1,0 +1,292 @@
+"""Conversation history: an async store over one SQLite file, and a writer that saves a reply as it streams.
+
+Every SQLite call runs on the store's own single thread (a sqlite3 connection belongs to its thread, and the
+event loop must never wait on the disk); calls run in the order they were made. A user message is saved before
+its request goes out; a reply is saved at least every ``flush_s`` while it streams and once more when it ends,
+so a killed process loses at most the last ``flush_s`` of a reply.
+
+Usage::
+
+    async with HistoryStore() as store:
+        conv = await store.new_conversation(system_prompt="Be brief.")
+        await store.add_user_message(conv, prompt)
+        writer = store.reply_writer(await store.start_reply(conv, provider="local", model=m, mode="stream"))
+        async for delta in stream:
+            writer.append(delta)
+        await writer.finish(status="done", record=stream.record.summary())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from llmchat.core._history_db import (
+    MIGRATIONS,
+    ConversationNotFoundError,
+    Database,
+    HistoryError,
+    default_history_path,
+)
+from llmchat.core._history_model import (
+    Conversation,
+    ConversationInfo,
+    Message,
+    export_markdown,
+    export_records_json,
+    one_line,
+    timing_line,
+)
+
+__all__ = [
+    "MIGRATIONS",
+    "Conversation",
+    "ConversationInfo",
+    "ConversationNotFoundError",
+    "HistoryError",
+    "HistoryStore",
+    "Message",
+    "ReplyWriter",
+    "default_history_path",
+    "export_markdown",
+    "export_records_json",
+    "timing_line",
+]
+
+log = logging.getLogger("llmchat.history")
+
+T = TypeVar("T")
+FinalStatus = Literal["done", "cancelled", "error"]
+
+
+class HistoryStore:
+    """The chat history in ``path``: by default ``$XDG_DATA_HOME/llmchat/history.sqlite3``, folder 0700,
+    file 0600.
+
+    Use as ``async with HistoryStore() as store`` or ``await open()`` / ``await aclose()``. Every method may
+    raise :class:`HistoryError` (one line: the file, the cause, the fix); a method given an unknown
+    conversation id raises :class:`ConversationNotFoundError`. Calling one before ``open()`` is a
+    ``RuntimeError``.
+    """
+
+    def __init__(self, path: Path | None = None, *, env: Mapping[str, str] | None = None) -> None:
+        self.path = path if path is not None else default_history_path(os.environ if env is None else env)
+        # Only llmchat's own data folder is made private; a folder the caller named is theirs to set.
+        self._db = Database(self.path, private_folder=path is None)
+        self._executor: ThreadPoolExecutor | None = None
+        self._writers: set[ReplyWriter] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Opens the file, creating it, and brings its schema up to date (each migration once).
+
+        Raises HistoryError for a file from a newer llmchat (left untouched), a damaged file or one that
+        cannot be created. Opening an open store does nothing.
+        """
+        if self._executor is not None:
+            return
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmchat-history")
+        self._executor = executor
+        try:
+            await self._run(self._db.open)
+        except BaseException:
+            self._executor = None
+            executor.submit(self._db.close)
+            executor.shutdown(wait=False)
+            raise
+
+    async def aclose(self) -> None:
+        """Saves what every unfinished reply writer holds (its status stays "streaming"), then closes.
+
+        A failed save is logged, not raised: closing must always release the file. Closing twice is fine.
+        """
+        if self._executor is None:
+            return
+        try:
+            for writer in list(self._writers):
+                try:
+                    await writer.flush()
+                except HistoryError as exc:
+                    log.warning("%s", exc)
+                writer._detach()
+            self._writers.clear()
+            await self._run(self._db.close)
+        finally:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> HistoryStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        if self._executor is None:
+            raise RuntimeError("HistoryStore is not open: await store.open() first")
+        return self._executor.submit(self._db.guard, fn, *args)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.wrap_future(self._submit(fn, *args))
+
+    # -- conversations ---------------------------------------------------------------------------------------
+    async def new_conversation(self, *, title: str = "", system_prompt: str = "", provider: str = "",
+                               model: str = "") -> int:
+        """Creates a conversation and returns its id. An empty title is filled from the first user message."""
+        return await self._run(self._db.new_conversation, title, system_prompt, provider, model)
+
+    async def list_conversations(self, limit: int = 200) -> list[ConversationInfo]:
+        """Up to ``limit`` conversations, the most recently active first (activity order, not wall clock)."""
+        return await self._run(self._db.list_conversations, limit)
+
+    async def last_conversation_id(self) -> int | None:
+        """The most recently active conversation (what ``llmchat --continue`` reopens), or None."""
+        return await self._run(self._db.last_conversation_id)
+
+    async def rename(self, conv_id: int, title: str) -> None:
+        """Sets the title (made one line, at most 200 characters). ConversationNotFoundError if unknown."""
+        await self._run(self._db.rename, conv_id, title)
+
+    async def delete(self, conv_id: int) -> None:
+        """Deletes the conversation and all its messages. ConversationNotFoundError for an unknown id."""
+        await self._run(self._db.delete, conv_id)
+
+    async def set_system_prompt(self, conv_id: int, text: str) -> None:
+        """Sets the conversation's system prompt ("" for none). ConversationNotFoundError if unknown."""
+        await self._run(self._db.set_system_prompt, conv_id, text)
+
+    async def load(self, conv_id: int) -> Conversation:
+        """The conversation, its system prompt and messages in order. ConversationNotFoundError if unknown."""
+        return await self._run(self._db.load, conv_id)
+
+    # -- messages -------------------------------------------------------------------------------------------
+    async def add_user_message(self, conv_id: int, text: str) -> int:
+        """Saves a user message (call it before the request goes out) and returns its id.
+
+        Gives an untitled conversation a title from it. ConversationNotFoundError for an unknown id.
+        """
+        return await self._run(self._db.add_message, conv_id, "user", text)
+
+    async def start_reply(self, conv_id: int, *, provider: str, model: str, mode: str) -> int:
+        """Adds an empty assistant message with status "streaming" and returns its id; the conversation now
+        shows this provider and model. ConversationNotFoundError for an unknown id."""
+        return await self._run(self._db.start_reply, conv_id, provider, model, mode)
+
+    def reply_writer(self, msg_id: int, *, flush_s: float = 1.0) -> ReplyWriter:
+        """A writer that saves the reply ``msg_id`` (from :meth:`start_reply`) as it streams.
+
+        Call from the event loop. Raises ValueError for a ``flush_s`` that is not positive.
+        """
+        if not flush_s > 0:
+            raise ValueError(f"flush_s must be positive, got {flush_s!r}")
+        writer = ReplyWriter(self, msg_id, flush_s, asyncio.get_running_loop())
+        self._writers.add(writer)
+        return writer
+
+
+class ReplyWriter:
+    """Keeps a streaming reply in memory and saves all of it at least every ``flush_s`` while it grows.
+
+    :meth:`append` is cheap enough to call per delta: it stores the string and, when nothing was waiting to be
+    saved, arms one timer. No timer runs while nothing changes. The save itself happens on the store's thread.
+    """
+
+    __slots__ = ("_store", "msg_id", "_flush_s", "_loop", "_parts", "_timer", "_finished", "_flushes")
+
+    def __init__(self, store: HistoryStore, msg_id: int, flush_s: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._store = store
+        self.msg_id = msg_id
+        self._flush_s = flush_s
+        self._loop = loop
+        self._parts: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._finished = False
+        self._flushes = 0
+
+    @property
+    def text(self) -> str:
+        """The reply so far."""
+        return "".join(self._parts)
+
+    @property
+    def flush_pending(self) -> bool:
+        """Whether text is waiting for the next timed save (a timer is armed)."""
+        return self._timer is not None
+
+    @property
+    def flushes(self) -> int:
+        """How many saves this writer has started, timed and explicit (finish excluded)."""
+        return self._flushes
+
+    def append(self, text: str) -> None:
+        """Adds a delta. Never blocks or raises; a delta after finish() is dropped (the row is final)."""
+        if self._finished or not text:
+            return
+        self._parts.append(text)
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
+
+    def _take_text(self) -> str:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        text = "".join(self._parts)
+        # Keep the join: the next save starts from one string, not thousands of deltas.
+        self._parts = [text] if text else []
+        return text
+
+    def _flush_in_background(self) -> None:
+        self._timer = None
+        if self._finished:
+            return
+        self._flushes += 1
+        future = self._store._submit(self._store._db.save_reply_text, self.msg_id, self._take_text())
+        future.add_done_callback(_log_failure)
+
+    def _detach(self) -> None:
+        """Stops saving (the store is closing): no timer left behind on the loop."""
+        self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def flush(self) -> None:
+        """Saves the text so far now and waits for it. Raises HistoryError when the save fails."""
+        if self._finished:
+            return
+        self._flushes += 1
+        await self._store._run(self._store._db.save_reply_text, self.msg_id, self._take_text())
+
+    async def finish(self, *, status: FinalStatus, error: str | None = None,
+                     record: Mapping[str, Any] | None = None, text: str | None = None) -> None:
+        """Writes the final text, the status, the error line and the timing record; the writer stops.
+
+        ``text`` replaces what :meth:`append` collected when given (e.g. the client's final text). A cancelled
+        or failed reply keeps its partial text. Finishing twice does nothing. Raises ValueError for an unknown
+        status and HistoryError when the write fails. A reply whose conversation was deleted is not an error.
+        """
+        if status not in ("done", "cancelled", "error"):
+            raise ValueError(f"status must be done, cancelled or error, got {status!r}")
+        if self._finished:
+            return
+        final = self._take_text()
+        self._finished = True
+        self._store._writers.discard(self)
+        record_json = None if record is None else json.dumps(dict(record), ensure_ascii=False, default=str)
+        await self._store._run(self._store._db.finish_reply, self.msg_id, final if text is None else text,
+                               status, one_line(error) if error else None, record_json)
+
+
+def _log_failure(future: Future[None]) -> None:
+    # Runs on the store's thread. A timed save that fails is not fatal: the next one or finish() tries again.
+    exc = None if future.cancelled() else future.exception()
+    if exc is not None:
+        log.warning("%s", exc)
