@@ -23,6 +23,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config, Sockets
 from hypercorn.typing import ASGIFramework
 from llmchat.core._errors import LLMChatError
+from llmchat.core._proxy import DelayProxy, Target
 from llmchat.core._settings import ServerSettings
 from llmchat.core.server._app import ServerApp
 from llmchat.core.server._connections import ConnectionRegistry, TrackingSocket
@@ -47,6 +48,8 @@ class Listening:
     port: int
     scheme: str
     cert_path: str | None
+    rtt_ms: float = 0.0
+    """The round trip an in-process DelayProxy adds in front of the server (``--rtt-ms``); 0 for none."""
 
     @property
     def url(self) -> str:
@@ -56,10 +59,12 @@ class Listening:
     @property
     def line(self) -> str:
         """``llmchat server listening on http://127.0.0.1:PORT (http/1.1, h2c)``; with TLS, ``https://...
-        (http/1.1, h2) certificate PATH`` naming the PEM file a client should trust."""
+        (http/1.1, h2) certificate PATH`` naming the PEM file a client should trust. With round-trip emulation
+        the parentheses end with ``, rtt 50 ms``."""
+        rtt = f", rtt {self.rtt_ms:g} ms" if self.rtt_ms > 0 else ""
         if self.scheme == "https":
-            return f"llmchat server listening on {self.url} (http/1.1, h2) certificate {self.cert_path}"
-        return f"llmchat server listening on {self.url} (http/1.1, h2c)"
+            return f"llmchat server listening on {self.url} (http/1.1, h2{rtt}) certificate {self.cert_path}"
+        return f"llmchat server listening on {self.url} (http/1.1, h2c{rtt})"
 
 
 class _Config(Config):
@@ -109,8 +114,10 @@ async def _serve(
             ) from None
     registry = ConnectionRegistry()
     sock: socket.socket | None = None
+    proxy: DelayProxy | None = None
     try:
-        sock = _bind(settings.host, settings.port, registry)
+        # With --rtt-ms the server listens on a free port of its own and the announced port is a DelayProxy's.
+        sock = _bind(settings.host, 0 if settings.rtt_ms > 0 else settings.port, registry)
         config = _Config(sock, tls is not None)
         if tls is not None:
             config.certfile, config.keyfile = tls.certfile, tls.keyfile
@@ -119,13 +126,20 @@ async def _serve(
         config.errorlog = _quiet_log()
         config.accesslog = None
         config.include_server_header = False
+        host, port = sock.getsockname()[:2]
+        if settings.rtt_ms > 0:
+            target = Target(host, port, "", "")
+            proxy = DelayProxy(target, settings.rtt_ms, host=settings.host, port=settings.port)
+            await proxy.start()
+            port = proxy.port
         loop = asyncio.get_running_loop()
         remove_signals = False
         if shutdown is None:
             shutdown = asyncio.Event()
             remove_signals = _install_signals(loop, shutdown)
-        host, port = sock.getsockname()[:2]
-        info = Listening(host, port, "https" if tls else "http", tls.trust_path if tls else None)
+        info = Listening(
+            host, port, "https" if tls else "http", tls.trust_path if tls else None, settings.rtt_ms
+        )
         if on_listening is not None:
             on_listening(info)
         app = ServerApp(settings, registry)
@@ -145,6 +159,8 @@ async def _serve(
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
     finally:
+        if proxy is not None:
+            await proxy.aclose()
         if sock is not None:
             sock.close()  # hypercorn closed it already unless it failed before serving; closing twice is fine
         if tls is not None:

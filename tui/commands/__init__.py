@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from llmchat.tui.commands import ask, batch, cache, chat, config, export, serve
 
-COMMANDS = [chat, ask, serve, batch, config, cache, export]
+COMMANDS = [chat, ask, serve, proxy, batch, config, cache, export]

@@ -82,6 +82,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--certfile", metavar="PEM", help="serve https with this certificate (needs --keyfile)")
     a("--keyfile", metavar="PEM", help="the private key for --certfile")
     a(
+        "--rtt-ms",
+        type=float,
+        metavar="MS",
+        help="emulate a network round trip: delay bytes by half of this each way, so new connections and "
+        "TLS handshakes cost what they do across regions (a proxy in front of the server; see llmchat proxy)",
+    )
+    a(
         "--close-after-stream",
         action="store_true",
         default=None,
@@ -125,6 +132,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "certfile",
         "keyfile",
         "close_after_stream",
+        "rtt_ms",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
