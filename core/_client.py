@@ -286,16 +286,20 @@ class ChatClient:
         """One whole reply (batch mode), answered from the cache when the cache policy allows."""
         m = await self._model(model)
         record = self._record("batch", m)
-        self.bus.publish(RequestStarted(record))
+        self.bus.publish(RequestStarted(record, messages))
         key = None
+        answer: str | None = None
         try:
             if self.cache is not None and self.cache.policy_allows(params):
                 key = ReplyCache.chat_key(
                     base_url=self.endpoint.base_url, model=m, messages=list(messages), params=params
                 )
+                record.cache_lookup = True
                 hit = await self.cache.get_chat(key)
                 if hit is not None:
-                    return self._from_cache(hit, record)
+                    cached = self._from_cache(hit, record)
+                    answer = cached.text
+                    return cached
             t = time.perf_counter_ns()
             body = wire.chat_body(m, messages, params, stream=False)
             record.encode_ns = time.perf_counter_ns() - t
@@ -318,6 +322,7 @@ class ChatClient:
                     "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
                     "usage": reply.usage, "model": reply.model or m,
                 })
+            answer = reply.content
             return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage)
         except errors.APIError as exc:
             _fail(record, exc)
@@ -329,7 +334,7 @@ class ChatClient:
         finally:
             if record.end_ns is None:
                 record.end_ns = time.perf_counter_ns()
-            self.bus.publish(RequestDone(record))
+            self.bus.publish(RequestDone(record, answer))
 
     def _from_cache(self, hit: Mapping[str, Any], record: TimingRecord) -> ChatReply:
         record.cache_hit = True
@@ -350,6 +355,7 @@ class ChatClient:
             keys = [ReplyCache.embedding_key(base_url=self.endpoint.base_url, model=m, text=t) for t in texts]
             cached: list[list[float] | None] = [None] * len(texts)
             if self.cache is not None and self.settings.cache.policy != "off":
+                record.cache_lookup = True
                 cached = await self.cache.get_embeddings(keys)
             missing = [i for i, v in enumerate(cached) if v is None]
             record.cache_hit = not missing and bool(texts)
@@ -425,7 +431,7 @@ class ChatStream:
             # t0 is when the request starts, not when the stream object was made or the model looked up.
             record.t0_ns, record.t0_mono_ns = time.perf_counter_ns(), time.monotonic_ns()
             record.wall_start = time.time()
-            bus.publish(RequestStarted(record))
+            bus.publish(RequestStarted(record, self.messages))
             async for piece in self._replay_or_stream():
                 yield piece
         except errors.APIError as exc:
@@ -446,7 +452,7 @@ class ChatStream:
                 record.end_ns = time.perf_counter_ns()
             if not record.usage_from_server:
                 record.output_tokens = record.content_chunks
-            bus.publish(RequestDone(record))
+            bus.publish(RequestDone(record, self.text))
 
     async def _replay_or_stream(self) -> AsyncIterator[str]:
         client, record = self._client, self.record
@@ -455,6 +461,7 @@ class ChatStream:
             key = ReplyCache.chat_key(
                 base_url=client.endpoint.base_url, model=self.model, messages=self.messages, params=self.params
             )
+            record.cache_lookup = True
             hit = await cache.get_chat(key)
             if hit is not None:
                 record.cache_hit = True
@@ -508,6 +515,8 @@ class ChatStream:
             chunks = resp.aiter_bytes()
             async for raw in chunks:
                 now = time.perf_counter_ns()
+                if record.first_token_ns is None:
+                    record.decode_before_first_ns = record.decode_ns
                 events = decoder.feed(raw)
                 record.decode_ns += time.perf_counter_ns() - now
                 for event in events:

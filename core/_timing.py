@@ -98,6 +98,7 @@ class TimingRecord:
     attempts: int = 1
     retries: list[Any] = field(default_factory=list)  # RetryEvent, kept untyped so this module stays a leaf
     cache_hit: bool = False
+    cache_lookup: bool = False  # the reply cache was asked (so not cache_hit is a miss, not "not cacheable")
     cancelled: bool = False
     error: str | None = None
     error_kind: str | None = None
@@ -107,6 +108,9 @@ class TimingRecord:
     # JSON). Attribution shows these apart so llmchat never blames the network for its own work.
     encode_ns: int = 0
     decode_ns: int = 0
+    # The part of decode_ns spent before the bytes of the first token arrived: attribution puts it in the time
+    # to first token and the rest in the streaming span.
+    decode_before_first_ns: int = 0
     # What other servers report about themselves: llama.cpp's final ``timings`` object (prompt_ms,
     # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
     server_reported: dict[str, float] | None = None
