@@ -9,7 +9,7 @@ callback that raises is logged and dropped from nothing else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,6 +23,8 @@ E = TypeVar("E")
 @dataclass(frozen=True, slots=True)
 class RequestStarted:
     record: TimingRecord
+    messages: Sequence[Mapping[str, Any]] = ()
+    """The chat messages sent (empty for embeddings): for logs that opt in to text, never for figures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,8 @@ class Chunk:
 @dataclass(frozen=True, slots=True)
 class RequestDone:
     record: TimingRecord
+    text: str | None = None
+    """The answer text that arrived, whole or up to a failure (None for embeddings): for opt-in text logs."""
 
 
 @dataclass(frozen=True, slots=True)
