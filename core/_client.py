@@ -515,6 +515,8 @@ class ChatStream:
             chunks = resp.aiter_bytes()
             async for raw in chunks:
                 now = time.perf_counter_ns()
+                if record.first_token_ns is None:
+                    record.decode_before_first_ns = record.decode_ns
                 events = decoder.feed(raw)
                 record.decode_ns += time.perf_counter_ns() - now
                 for event in events:

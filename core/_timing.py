@@ -108,6 +108,9 @@ class TimingRecord:
     # JSON). Attribution shows these apart so llmchat never blames the network for its own work.
     encode_ns: int = 0
     decode_ns: int = 0
+    # The part of decode_ns spent before the bytes of the first token arrived: attribution puts it in the time
+    # to first token and the rest in the streaming span.
+    decode_before_first_ns: int = 0
     # What other servers report about themselves: llama.cpp's final ``timings`` object (prompt_ms,
     # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
     server_reported: dict[str, float] | None = None
