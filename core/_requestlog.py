@@ -1,0 +1,236 @@
+"""The request log: one JSON line per finished request, appended to ``log.requests_path``.
+
+Each line is the record's ``summary()`` (figures, never a key: the record holds none) plus, only with
+``log.include_text = true``, the messages sent and the answer received. The file is created with mode 0600
+(prompts are private even when the figures are not) and only ever appended to, so several processes can
+share one log: each line goes out in one ``write`` to a file opened with O_APPEND.
+
+Nothing here blocks a request: the bus callback turns the record into a line and puts it on a queue; a
+thread of its own writes the queue to the file. If the disk fails, one warning is logged and lines are
+dropped, never raised into the request that finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from llmchat.core._bus import Bus, RequestDone, RequestStarted
+from llmchat.core._errors import ConfigError
+from llmchat.core._settings import LogSettings, Settings
+
+log = logging.getLogger("llmchat.requestlog")
+
+#: Lines waiting for the writer before new ones are dropped (a stuck disk must not grow memory forever).
+_QUEUE_MAX = 10_000
+#: How long ``close`` waits for the writer to write what is queued.
+_CLOSE_S = 5.0
+_STOP = object()
+
+
+class RequestLog:
+    """Writes a line per ``RequestDone`` of every bus it is subscribed to. ``close()`` flushes and stops.
+
+    ``RequestLog(settings.log)`` opens (creates) the file at once, so a path that cannot be written is a
+    ``ConfigError`` before any request, naming the file and the fix. With an empty ``requests_path`` it is
+    a log that writes nothing.
+    """
+
+    def __init__(self, settings: LogSettings) -> None:
+        self.settings = settings
+        given = settings.requests_path
+        self.path = os.path.abspath(os.path.expanduser(given)) if given else ""
+        self.written = 0
+        """Lines written so far."""
+        self.dropped = 0
+        """Lines lost: the queue was full or the disk refused them."""
+        self._fd: int | None = _open(self.path) if self.path else None
+        self._queue: queue.Queue[object] = queue.Queue(_QUEUE_MAX)
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._messages: dict[str, Sequence[Mapping[str, Any]]] = {}
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._warned = False
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def subscribe(self, bus: Bus) -> Callable[[], None]:
+        """Log the requests ``bus`` reports from now on; returns a function that stops that."""
+        if not self.enabled:
+            return lambda: None
+        subs = [bus.subscribe(RequestDone, self._on_done)]
+        if self.settings.include_text:
+            subs.append(bus.subscribe(RequestStarted, self._on_started))
+
+        def unsubscribe() -> None:
+            for sub in subs:
+                sub()
+
+        self._unsubscribe.append(unsubscribe)
+        return unsubscribe
+
+    def _on_started(self, event: RequestStarted) -> None:
+        self._messages[event.record.request_id] = event.messages
+
+    def _on_done(self, event: RequestDone) -> None:
+        record = event.record
+        entry = record.summary()
+        if self.settings.include_text:
+            entry["messages"] = [_message(m) for m in self._messages.pop(record.request_id, ())]
+            entry["reply"] = event.text
+        try:
+            line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        except (TypeError, ValueError):  # a message part json cannot hold: keep the figures
+            entry.pop("messages", None)
+            line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        self.put(line)
+
+    def put(self, line: str) -> None:
+        """Queue one line (ending in a newline) for the writer; never blocks, drops when full or closed."""
+        if self._closed or self._fd is None:
+            self.dropped += 1
+            return
+        with self._idle:
+            self._pending += 1
+        try:
+            self._queue.put_nowait(line.encode("utf-8"))
+        except queue.Full:
+            with self._idle:
+                self._pending -= 1
+            self.dropped += 1
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write_loop, name="llmchat-requestlog", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float = _CLOSE_S) -> bool:
+        """Wait until every queued line is written (or dropped); False if ``timeout`` seconds pass first.
+
+        Blocks: call it from a thread, or with ``await asyncio.to_thread(log.flush)`` from a loop.
+        """
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, bytes)
+            batch = [item]
+            while len(batch) < 256:  # what else is queued goes out in the same write
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self._write(batch)
+                    return
+                assert isinstance(more, bytes)
+                batch.append(more)
+            self._write(batch)
+
+    def _write(self, batch: list[bytes]) -> None:
+        try:
+            if self._fd is not None:
+                data = b"".join(batch)
+                while data:  # a regular file takes it all at once; the loop only covers a short write
+                    data = data[os.write(self._fd, data):]
+                self.written += len(batch)
+        except OSError as exc:
+            self.dropped += len(batch)
+            if not self._warned:
+                self._warned = True
+                log.warning("request log %s: cannot write (%s); lines are dropped", self.path,
+                            exc.strerror or exc)
+        finally:
+            with self._idle:
+                self._pending -= len(batch)
+                self._idle.notify_all()
+
+    def close(self, timeout: float = _CLOSE_S) -> None:
+        """Unsubscribe, write what is queued (waiting at most ``timeout`` s) and close the file. Safe twice.
+
+        Blocks for as long as the queued lines take: from an event loop, ``await log.aclose()``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(timeout)
+        if self._fd is not None and (thread is None or not thread.is_alive()):
+            os.close(self._fd)
+            self._fd = None
+
+    async def aclose(self) -> None:
+        """``close`` off the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+
+def _open(path: str) -> int:
+    try:
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        raise ConfigError(
+            f"log.requests_path: cannot open {path} for appending ({exc.strerror or exc}); point it at a "
+            "writable file or leave it empty"
+        ) from None
+    try:
+        if os.fstat(fd).st_mode & 0o077:  # a file made by someone else, readable by others: ours now
+            os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    return fd
+
+
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
+    # Only what the model read: the role and the content (and a name). Extra keys a caller hangs on a
+    # message are not the log's business.
+    return {k: message[k] for k in ("role", "name", "content") if k in message}
+
+
+class Observers:
+    """What ``attach_observers`` attached; ``close()`` (or ``await aclose()``) detaches and flushes it."""
+
+    def __init__(self, request_log: RequestLog) -> None:
+        self.request_log = request_log
+
+    def __call__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Detach and write what is still queued (blocks briefly: from a loop, ``await aclose()``)."""
+        self.request_log.close()
+
+    async def aclose(self) -> None:
+        await self.request_log.aclose()
+
+
+def attach_observers(bus: Bus, settings: Settings) -> Observers:
+    """Attach to a client's bus what ``settings`` asks for: the request log, if ``log.requests_path`` is set.
+
+    Returns the handle that detaches them (``close()``, or ``await aclose()`` from an event loop). Raises
+    ConfigError, one line, when the log file cannot be opened. Nothing else is attached: the Prometheus
+    exporter is started apart, by whoever takes ``--metrics-port`` (``start_exporter``).
+    """
+    request_log = RequestLog(settings.log)
+    request_log.subscribe(bus)
+    return Observers(request_log)
