@@ -1,0 +1,383 @@
+"""Load tests through the engine: one scenario, run under each client configuration, interleaved.
+
+A *scenario* is the traffic: a closed loop (``users`` tasks, each sending its next request as soon as the
+last one ends, their starts spread over ``ramp_s``) or an open loop (Poisson arrivals at ``rate`` requests/s,
+seeded, each request in its own task whatever is in flight, up to ``max_in_flight``), stopping after
+``requests`` or ``duration_s`` per configuration. A *configuration* is how the client talks (:data:`CONFIGS`):
+each gets its own ``ChatClient`` with its own connection pool and cache folder, since the pool is what is
+compared.
+
+To let machine noise hit every configuration alike, the run is cut into ``slices``: each round runs one slice
+of every configuration, in an order shuffled per round (seeded). Slice ``s`` sends the same prompts and, in an
+open loop, the same arrival times under every configuration. One slice's requests all finish before the next
+slice starts, so configurations never overlap. The figures are in :mod:`llmchat.core._load_stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmchat.core._client import ChatClient
+from llmchat.core._errors import APIError, LLMChatError, UsageError
+from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._settings import Http2Mode, Settings
+from llmchat.core._timing import TimingRecord
+from llmchat.core._transport import Transport
+
+Mode = Literal["stream", "batch"]
+
+#: The configurations ``--compare`` knows; join several with "+" (``h1+noretry``).
+CONFIGS: dict[str, str] = {
+    "base": "the settings as they are",
+    "h2": "HTTP/2: h2c with prior knowledge on http://, ALPN h2 on https://",
+    "h1": "HTTP/1.1 only, pooled keep-alive connections",
+    "nopool": "HTTP/1.1 with a new connection per request and no connection limit (the naive baseline)",
+    "nocache": "the reply cache off",
+    "noretry": "no retries (max_attempts 1)",
+}
+MAX_IN_FLIGHT = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """The traffic of a load test, the same under every configuration. See the module docstring."""
+
+    mode: Mode = "stream"
+    users: int = 10
+    rate: float = 0.0
+    """Open loop at this many requests/s when > 0; else a closed loop of ``users``."""
+    requests: int | None = None
+    """Requests per configuration; with ``duration_s`` too, whichever ends first."""
+    duration_s: float | None = None
+    """Seconds per configuration during which new requests start (those in flight then finish)."""
+    ramp_s: float = 0.0
+    long_ratio: float = 0.0
+    distinct_prompts: int = 0
+    max_tokens: int = 64
+    temperature: float | None = None
+    seed: int = 0
+    model: str | None = None
+    slices: int = 1
+    max_in_flight: int = MAX_IN_FLIGHT
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate > 0
+
+    def validate(self) -> None:
+        """Raise UsageError, one line naming the flag, for a value out of range."""
+        if self.mode not in ("stream", "batch"):
+            raise UsageError(f"--mode must be stream or batch, got {self.mode!r}")
+        if not self.open_loop and self.users < 1:
+            raise UsageError(f"--users must be at least 1, got {self.users}")
+        if self.rate < 0:
+            raise UsageError(f"--rate must be a positive number of requests per second, got {self.rate:g}")
+        if self.requests is None and self.duration_s is None:
+            raise UsageError("give --requests N or --duration S (or both: whichever ends first)")
+        if self.requests is not None and self.requests < 1:
+            raise UsageError(f"--requests must be at least 1, got {self.requests}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageError(f"--duration must be a positive number of seconds, got {self.duration_s:g}")
+        if self.ramp_s < 0:
+            raise UsageError(f"--ramp-s must not be negative, got {self.ramp_s:g}")
+        if not 0.0 <= self.long_ratio <= 1.0:
+            raise UsageError(f"--long-ratio must be between 0 and 1, got {self.long_ratio:g}")
+        if self.distinct_prompts < 0:
+            raise UsageError(f"--prompts must not be negative, got {self.distinct_prompts}")
+        if self.max_tokens < 1:
+            raise UsageError(f"--max-tokens must be at least 1, got {self.max_tokens}")
+        if self.slices < 1:
+            raise UsageError(f"--slices must be at least 1, got {self.slices}")
+        if self.requests is not None and self.requests < self.slices:
+            raise UsageError(f"--requests {self.requests} is fewer than --slices {self.slices}; "
+                             "send at least one request per slice")
+
+    def params(self) -> dict[str, Any]:
+        """The generation parameters every request sends."""
+        p: dict[str, Any] = {"max_tokens": self.max_tokens}
+        if self.temperature is not None:
+            p["temperature"] = self.temperature
+        return p
+
+    def slice_budget(self, slice_no: int) -> tuple[int | None, float | None]:
+        """``(requests, seconds)`` of one slice: the totals split evenly, the remainder to the first."""
+        n = None
+        if self.requests is not None:
+            n = self.requests // self.slices + (1 if slice_no < self.requests % self.slices else 0)
+        d = None if self.duration_s is None else self.duration_s / self.slices
+        return n, d
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_configs(text: str) -> list[str]:
+    """``"h2,h1,nopool"`` -> the names in order. Raises UsageError for an unknown or repeated name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--compare needs at least one configuration, e.g. --compare h2,h1,nopool")
+    for name in names:
+        for part in name.split("+"):
+            if part not in CONFIGS:
+                raise UsageError(f"--compare: unknown configuration {part!r}; pick from {', '.join(CONFIGS)} "
+                                 "(join with + to combine, e.g. h1+noretry)")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--compare names a configuration twice: {text}")
+    return names
+
+
+def interleave(configs: Sequence[str], slices: int, seed: int) -> list[tuple[int, str]]:
+    """The running order: ``slices`` rounds, each running every configuration once in a seeded shuffle."""
+    order: list[tuple[int, str]] = []
+    for s in range(slices):
+        round_ = list(configs)
+        if len(round_) > 1:
+            random.Random(f"llmchat-bench-order:{seed}:{s}").shuffle(round_)
+        order.extend((s, name) for name in round_)
+    return order
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where the load goes, as ``ChatClient`` takes it (``http2`` from the offline default, else None)."""
+
+    settings: Settings = field(default_factory=Settings)
+    provider: str | None = None
+    base_url: str | None = None
+    http2: Http2Mode | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request of a load test: its configuration, slice, place in the slice, and timing record."""
+
+    config: str
+    slice: int
+    index: int
+    long: bool
+    record: TimingRecord
+    lag_ms: float = 0.0
+    """Open loop: how late the request went out after its scheduled arrival (the in-flight cap, a busy
+    loop)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's summary (no text, no secrets), the chunk gaps, and the request's place in the run."""
+        return {
+            "config": self.config,
+            "slice": self.slice,
+            "index": self.index,
+            "long_prompt": self.long,
+            "lag_ms": round(self.lag_ms, 3),
+            **self.record.summary(),
+            "itl_ms": [round(v, 3) for v in self.record.itl_ms],
+        }
+
+
+def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
+    """A ChatClient for configuration ``name`` (see CONFIGS) with a pool of its own and a fresh cache folder.
+
+    Raises UsageError for an unknown name, ConfigError / UsageError as ChatClient does for the target.
+    """
+    parts = set(name.split("+"))
+    unknown = parts - set(CONFIGS)
+    if unknown:
+        raise UsageError(f"unknown configuration {sorted(unknown)[0]!r}; pick from {', '.join(CONFIGS)}")
+    settings = target.settings
+    cache = dataclasses.replace(settings.cache, path=cache_dir)
+    if "nocache" in parts:
+        cache = dataclasses.replace(cache, policy="off")
+    settings = dataclasses.replace(settings, cache=cache)
+    retry = dataclasses.replace(settings.retry, max_attempts=1) if "noretry" in parts else None
+    client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
+                        http2=target.http2, retry=retry)
+    http = client.endpoint.http
+    if "h2" in parts:
+        tls = client.endpoint.base_url.startswith("https")
+        http = dataclasses.replace(http, http2=True if tls else "h2c")
+    if "h1" in parts:
+        http = dataclasses.replace(http, http2=False)
+    if "nopool" in parts:
+        # HTTP/1.1, since concurrent requests would share one HTTP/2 connection; no limit, as a bare loop of
+        # one-off clients has none.
+        http = dataclasses.replace(http, http2=False, max_keepalive_connections=0,
+                                   max_connections=max(MAX_IN_FLIGHT, http.max_connections))
+    # Changed on the endpoint, not the settings, so a provider's own [providers.X.http] cannot undo it; and a
+    # Transport of its own, because ChatClients share one pool per endpoint and the pool is what is compared.
+    client.endpoint = dataclasses.replace(client.endpoint, http=http)
+    client._transport = Transport(client.endpoint)
+    return client
+
+
+async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mode: Mode, model: str,
+                       params: dict[str, Any]) -> TimingRecord:
+    """Send one request, read the whole reply, and return its record; an APIError ends up in the record
+    (``error``, ``error_kind``), anything else (a ConfigError, say) raises."""
+    if mode == "stream":
+        stream = client.stream(messages, model=model, **params)
+        try:
+            async for _ in stream:
+                pass
+        except APIError:
+            pass
+        return stream.record
+    try:
+        return (await client.complete(messages, model=model, **params)).record
+    except APIError as exc:
+        if isinstance(exc.record, TimingRecord):
+            return exc.record
+        raise
+
+
+class LoadRun:
+    """Run ``scenario`` under each configuration, interleaved, collecting a ``Sample`` per request.
+
+    ``on_sample(sample)`` is called as each request ends and ``on_slice(round, config)`` as each slice starts
+    (both on the event loop: keep them quick). ``samples``, ``walls_ns`` (per configuration, the sum of its
+    slices) and ``cap_hits`` hold what was done so far, also after a cancel.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        configs: Sequence[str],
+        target: Target,
+        *,
+        on_sample: Callable[[Sample], object] | None = None,
+        on_slice: Callable[[int, str], object] | None = None,
+    ) -> None:
+        scenario.validate()
+        self.scenario = scenario
+        self.configs = list(configs)
+        self.target = target
+        self.on_sample = on_sample
+        self.on_slice = on_slice
+        self.plan = PromptPlan(scenario.seed, scenario.long_ratio, scenario.distinct_prompts)
+        self.samples: list[Sample] = []
+        self.walls_ns: dict[str, int] = dict.fromkeys(self.configs, 0)
+        self.cap_hits = 0
+        self.model = scenario.model or target.model or ""
+        self.base_url = ""
+
+    def records(self, config: str) -> list[TimingRecord]:
+        return [s.record for s in self.samples if s.config == config]
+
+    async def run(self) -> None:
+        """Run every slice of every configuration. Raises UsageError when no model is given and the server
+        lists none, the APIError of that listing when it fails, and any non-API error a request raises
+        (ConfigError for a bad CA bundle, say); the APIErrors of the requests themselves are samples."""
+        loop = asyncio.get_running_loop()
+        cache_root = await loop.run_in_executor(None, lambda: tempfile.mkdtemp(prefix="llmchat-bench-"))
+        clients: dict[str, ChatClient] = {}
+        try:
+            for name in self.configs:
+                clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}")
+            first = clients[self.configs[0]]
+            self.base_url = first.endpoint.base_url
+            self.model = self.model or first.model or await _first_model(first)
+            for slice_no, name in interleave(self.configs, self.scenario.slices, self.scenario.seed):
+                if self.on_slice is not None:
+                    self.on_slice(slice_no, name)
+                await self._slice(clients[name], name, slice_no)
+        finally:
+            for client in clients.values():
+                await client.aclose()
+            await loop.run_in_executor(None, lambda: shutil.rmtree(cache_root, ignore_errors=True))
+
+    async def _slice(self, client: ChatClient, name: str, slice_no: int) -> None:
+        n, seconds = self.scenario.slice_budget(slice_no)
+        start = time.perf_counter_ns()
+        deadline = None if seconds is None else start + int(seconds * 1e9)
+        try:
+            if self.scenario.open_loop:
+                await self._open(client, name, slice_no, n, start, deadline)
+            else:
+                await self._closed(client, name, slice_no, n, deadline)
+        except BaseExceptionGroup as group:
+            raise _first_error(group) from None
+        finally:
+            self.walls_ns[name] += time.perf_counter_ns() - start
+
+    async def _closed(self, client: ChatClient, name: str, slice_no: int, n: int | None,
+                      deadline: int | None) -> None:
+        sc = self.scenario
+        issued = 0
+
+        async def user(u: int) -> None:
+            nonlocal issued
+            if sc.ramp_s > 0 and u:
+                await asyncio.sleep(sc.ramp_s * u / sc.users)
+            while (n is None or issued < n) and (deadline is None or time.perf_counter_ns() < deadline):
+                index = issued
+                issued += 1
+                await self._send(client, name, slice_no, index, None)
+
+        async with asyncio.TaskGroup() as tg:
+            for u in range(sc.users):
+                tg.create_task(user(u))
+
+    async def _open(self, client: ChatClient, name: str, slice_no: int, n: int | None, start: int,
+                    deadline: int | None) -> None:
+        sc = self.scenario
+        # The same arrival times under every configuration: the stream of gaps depends on the slice only.
+        rng = random.Random(f"llmchat-bench-arrivals:{sc.seed}:{slice_no}")
+        room = asyncio.Semaphore(sc.max_in_flight)
+        due = start
+        index = 0
+        async with asyncio.TaskGroup() as tg:
+            while n is None or index < n:
+                if index:
+                    due += int(rng.expovariate(sc.rate) * 1e9)
+                if deadline is not None and due >= deadline:
+                    break
+                wait_ns = due - time.perf_counter_ns()
+                if wait_ns > 0:
+                    await asyncio.sleep(wait_ns / 1e9)
+                if room.locked():
+                    self.cap_hits += 1
+                await room.acquire()
+                tg.create_task(self._send_released(room, client, name, slice_no, index, due))
+                index += 1
+
+    async def _send_released(self, room: asyncio.Semaphore, client: ChatClient, name: str, slice_no: int,
+                             index: int, due: int) -> None:
+        try:
+            await self._send(client, name, slice_no, index, due)
+        finally:
+            room.release()
+
+    async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None) -> None:
+        messages, long = self.plan.messages(slice_no, index)
+        sent = time.perf_counter_ns()
+        record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
+                                    params=self.scenario.params())
+        sample = Sample(name, slice_no, index, long, record, 0.0 if due is None else max(0, sent - due) / 1e6)
+        self.samples.append(sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
+
+
+async def _first_model(client: ChatClient) -> str:
+    # An APIError here (refused, 401 ...) is raised as it is: its one line says more than "pass --model".
+    offered = await client.models()
+    if not offered:
+        raise UsageError(f"no model given and {client.endpoint.hostport} lists none; pass --model")
+    return offered[0]
+
+
+def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    # A TaskGroup wraps what its tasks raised; the user wants the one-line LLMChatError, not the group.
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if isinstance(exc, LLMChatError):
+            return exc
+    return group.exceptions[0]
