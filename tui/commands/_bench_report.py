@@ -1,0 +1,185 @@
+"""What `llmchat bench` prints and draws: the side-by-side figures, the before/after table and the charts.
+
+Pure text in, text out (the command writes it): tables as aligned columns, the terminal chart through plotext,
+and the SVG chart written by hand (grouped bars, no library), so every picture holds the same numbers as the
+table above it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from xml.sax.saxutils import escape
+
+from llmchat.core._load_stats import METRIC_NAMES, QUANTILES, ConfigStats, compare_rows
+
+BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
+
+
+def fmt_ms(v: float | None) -> str:
+    """A latency in ms to a precision that suits its size; "-" for none."""
+    if v is None:
+        return "-"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 1000:
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def _pct(v: float | None, *, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.1f}%" if signed else f"{v:.1f}%"
+
+
+def grid(rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
+    """Rows of cells as aligned columns: the first ``left`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    lines = []
+    for row in rows:
+        cells = [c.ljust(widths[i]) if i < left else c.rjust(widths[i]) for i, c in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
+    """Every figure, one column per configuration: latency percentiles, errors by class, throughput."""
+    rows: list[list[str]] = [["", "", *(s.name for s in stats)]]
+    for metric in ("ttfb", "ttft", "itl", "tpot", "e2e"):
+        if metric in ("ttft", "itl", "tpot") and mode != "stream":
+            continue
+        for i, q in enumerate(QUANTILES):
+            label = f"{METRIC_NAMES[metric]} ms" if i == 0 else ""
+            rows.append([label, f"p{q}", *(fmt_ms(s.latency[metric][f"p{q}"]) for s in stats)])
+    rows.append(["requests", "", *(str(s.requests) for s in stats)])
+    rows.append(["errors", "", *(f"{s.failed} ({_pct(s.error_rate * 100)})" for s in stats)])
+    kinds = sorted({k for s in stats for k in s.errors})
+    for kind in kinds:
+        rows.append(["", kind, *(_kind_cell(s, kind) for s in stats)])
+    rows.append(["requests/s", "", *(f"{s.rps:.2f}" for s in stats)])
+    rows.append(["output tokens/s", "", *(f"{s.output_tokens_per_s:.1f}" for s in stats)])
+    if stats and stats[0].slo.given:
+        rows.append(["goodput req/s", "", *(f"{s.goodput_rps or 0.0:.2f}" for s in stats)])
+    rows.append(["HTTP", "", *(s.http_version for s in stats)])
+    rows.append(["conn. reused", "", *(_pct(None if s.reused_ratio is None else s.reused_ratio * 100)
+                                       for s in stats)])
+    rows.append(["retries", "", *(str(s.retries) for s in stats)])
+    rows.append(["cache hits", "", *(str(s.cache_hits) for s in stats)])
+    rows.append(["wall s", "", *(f"{s.wall_s:.2f}" for s in stats)])
+    text = grid(rows, left=2)
+    if stats and stats[0].slo.given:
+        text += f"\ngoodput: successful requests/s with {stats[0].slo.describe()}"
+    return text
+
+
+def _kind_cell(s: ConfigStats, kind: str) -> str:
+    n = s.errors.get(kind, 0)
+    return f"{n} ({_pct(n * 100 / s.requests if s.requests else 0.0)})"
+
+
+def compare_table(stats: Sequence[ConfigStats]) -> str:
+    """The before/after table: p99 end-to-end, error rate and requests/s, each with its change against the
+    first configuration, and the HTTP version each actually used."""
+    rows = [["config", "HTTP", "reused", "p99 e2e ms", "change", "errors", "change", "req/s", "change"]]
+    for i, row in enumerate(compare_rows(stats)):
+        first = i == 0
+        reused = row["reused_ratio"]
+        rows.append([
+            row["config"],
+            row["http_version"],
+            _pct(None if reused is None else reused * 100),
+            fmt_ms(row["p99_e2e_ms"]),
+            "(base)" if first else _pct(row["p99_e2e_change_pct"], signed=True),
+            _pct(row["error_rate"] * 100),
+            "(base)" if first else f"{row['error_rate_change_pp']:+.1f} pp",
+            f"{row['requests_per_s']:.2f}",
+            "(base)" if first else _pct(row["requests_per_s_change_pct"], signed=True),
+        ])
+    return grid(rows, left=2)
+
+
+def chart_metrics(mode: str) -> tuple[str, ...]:
+    """The latencies the charts show: TTFT and end-to-end when streaming, TTFB and end-to-end in batch."""
+    return ("ttft", "e2e") if mode == "stream" else ("ttfb", "e2e")
+
+
+def terminal_chart(stats: Sequence[ConfigStats], *, mode: str, width: int, colour: bool) -> str:
+    """Grouped bars of p50/p90/p99 per configuration, one chart per metric, drawn by plotext."""
+    import plotext as plt  # only for --plot: it is not needed to run a benchmark
+
+    out = []
+    names = [s.name for s in stats]
+    for metric in chart_metrics(mode):
+        plt.clear_figure()
+        series = [[s.latency[metric][f"p{q}"] or 0.0 for s in stats] for q in QUANTILES]
+        plt.multiple_bar(names, series, labels=[f"p{q}" for q in QUANTILES])
+        plt.title(f"{METRIC_NAMES[metric]} latency (ms)")
+        plt.plotsize(max(40, min(width, 100)), 16)
+        text = plt.build()
+        out.append(text if colour else plt.uncolorize(text))
+    plt.clear_figure()
+    return "\n".join(out)
+
+
+def svg_chart(stats: Sequence[ConfigStats], *, mode: str, title: str = "llmchat bench") -> str:
+    """The same chart as an SVG document: one panel per metric, a group of p50/p90/p99 bars per
+    configuration, a labelled y axis in ms. Pure; never fails (missing values draw no bar)."""
+    metrics = chart_metrics(mode)
+    panel_w, panel_h, top, left, bottom = 720, 280, 56, 70, 50
+    height = top + len(metrics) * (panel_h + bottom)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{panel_w + left + 20}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f'<title>{escape(title)}</title>',
+        f'<text x="{left}" y="20" font-size="15" font-weight="bold">{escape(title)}</text>',
+    ]
+    for i, q in enumerate(QUANTILES):
+        x = left + i * 60
+        parts.append(f'<rect x="{x}" y="30" width="12" height="12" fill="{BAR_COLOURS[i]}"/>'
+                     f'<text x="{x + 16}" y="41">p{q}</text>')
+    for n, metric in enumerate(metrics):
+        y0 = top + n * (panel_h + bottom)
+        parts.extend(_panel(stats, metric, left, y0, panel_w, panel_h))
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _panel(stats: Sequence[ConfigStats], metric: str, left: int, y0: int, w: int, h: int) -> list[str]:
+    values = [[s.latency[metric][f"p{q}"] for q in QUANTILES] for s in stats]
+    peak = max((v for row in values for v in row if v is not None), default=0.0) or 1.0
+    scale = _nice_ceiling(peak)
+    inner_top = y0 + 20
+    inner_h = h - 20
+    name = escape(METRIC_NAMES[metric])
+    out = [f'<text x="{left}" y="{y0 + 12}" font-weight="bold">{name} latency (ms)</text>']
+    for k in range(5):
+        tick = scale * k / 4
+        y = inner_top + inner_h - inner_h * k / 4
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd"/>'
+                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    group_w = w / max(len(stats), 1)
+    bar_w = min(40.0, group_w * 0.8 / len(QUANTILES))
+    for g, (s, row) in enumerate(zip(stats, values, strict=True)):
+        gx = left + g * group_w + (group_w - bar_w * len(QUANTILES)) / 2
+        for i, v in enumerate(row):
+            if v is None:
+                continue
+            bh = inner_h * v / scale
+            out.append(f'<rect x="{gx + i * bar_w:.1f}" y="{inner_top + inner_h - bh:.1f}" '
+                       f'width="{bar_w - 2:.1f}" height="{bh:.1f}" fill="{BAR_COLOURS[i]}">'
+                       f'<title>{escape(s.name)} p{QUANTILES[i]} {fmt_ms(v)} ms</title></rect>')
+        out.append(f'<text x="{left + (g + 0.5) * group_w:.1f}" y="{inner_top + inner_h + 18:.1f}" '
+                   f'text-anchor="middle">{escape(s.name)}</text>')
+    out.append(f'<line x1="{left}" y1="{inner_top + inner_h}" x2="{left + w}" y2="{inner_top + inner_h}" '
+               'stroke="#333"/>')
+    return out
+
+
+def _nice_ceiling(v: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= v: a y axis with round gridlines."""
+    power = 10.0 ** math.floor(math.log10(v))
+    for step in (1, 2, 2.5, 5, 10):
+        if step * power >= v:
+            return step * power
+    return 10 * power
