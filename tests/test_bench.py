@@ -1,0 +1,367 @@
+"""`llmchat bench` against the local server on 127.0.0.1: the loops, the figures, comparisons and files.
+
+Every run is small (tens of requests, instant or near-instant server profiles): a second or two per test.
+Figures are checked against the per-request records in the same run's --json, never hard-coded values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import socket
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llmchat.core import Settings, percentile
+from llmchat.core._load import LoadRun, Sample, Scenario, Target, interleave, parse_configs
+from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._timing import TimingRecord
+from llmchat.core.server import RunningServer
+from llmchat.tui.cli import main
+from llmchat.tui.commands import bench as bench_cmd
+from llmchat.tui.commands._bench_report import fmt_ms
+
+Factory = Callable[..., RunningServer]
+
+
+def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["bench", "--quiet", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def bench_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> tuple[dict[str, Any], str]:
+    path = tmp_path / "bench.json"
+    code, out, err = bench(capsys, *argv, "--json", str(path))
+    assert code == 0, err
+    assert "\r" not in err  # no progress line when stderr is not a terminal
+    return json.loads(path.read_text()), out
+
+
+def by_config(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["config"]: c for c in data["configs"]}
+
+
+def table_cell(out: str, label: str, quantile: str, column: int = 0) -> str:
+    """The value in the figures table's row ``label quantile`` (the label is on the p50 row only)."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(label):
+            for row in lines[i:i + 3]:
+                cells = row.split()
+                if quantile in cells:
+                    return cells[cells.index(quantile) + 1 + column]
+    raise AssertionError(f"no row {label} {quantile} in:\n{out}")
+
+
+# -- the loops -----------------------------------------------------------------------------------------------
+
+def test_closed_loop_sends_exactly_the_requests_asked(capsys, tmp_path, local_server) -> None:
+    data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "4",
+                           "--requests", "23", "--max-tokens", "5")
+    reqs = data["requests"]
+    assert len(reqs) == 23
+    assert sorted(r["index"] for r in reqs) == list(range(23))
+    assert all(r["error"] is None and r["output_tokens"] == 5 for r in reqs)
+    stats = data["configs"][0]
+    assert (stats["config"], stats["requests"], stats["ok"], stats["output_tokens"]) == ("base", 23, 23, 115)
+    labels = ("TTFB ms", "TTFT ms", "ITL ms", "TPOT ms", "end-to-end ms", "requests/s", "output tokens/s")
+    assert all(label in out for label in labels)
+
+
+def test_closed_loop_with_a_duration_keeps_sending_until_it_ends(capsys, tmp_path, local_server) -> None:
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "3",
+                         "--duration", "0.4", "--max-tokens", "3")
+    stats = data["configs"][0]
+    assert stats["requests"] > 3 and stats["failed"] == 0
+    # Users start a new request while the deadline has not passed, so the slice lasts at least that long.
+    assert stats["wall_s"] >= 0.4
+
+
+def test_open_loop_sends_at_roughly_the_rate(capsys, tmp_path, local_server) -> None:
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--rate", "40",
+                         "--duration", "1.0", "--max-tokens", "3")
+    n = data["configs"][0]["requests"]
+    # Poisson arrivals: mean 40 in 1 s, standard deviation about 6.3; the bounds are more than 3 sigma wide.
+    assert 15 <= n <= 70
+    assert all(r["lag_ms"] >= 0 for r in data["requests"])
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--rate", "200",
+                         "--requests", "12", "--max-tokens", "3")
+    assert data["configs"][0]["requests"] == 12
+
+
+async def test_open_loop_cap_delays_arrivals_and_counts_it(server_factory: Factory, tmp_path) -> None:
+    srv = server_factory(profile="instant", ttft_ms=80.0)
+    scenario = Scenario(rate=400.0, requests=12, max_tokens=2, max_in_flight=3)
+    load = LoadRun(scenario, ["base"], Target(base_url=srv.base_url, http2="h2c"))
+    async with asyncio.timeout(20):
+        await load.run()
+    assert len(load.samples) == 12
+    assert load.cap_hits > 0
+    # Requests held back by the cap went out late, and that is recorded.
+    assert max(s.lag_ms for s in load.samples) > 0
+    assert all(s.record.error is None for s in load.samples)
+
+
+# -- the figures ---------------------------------------------------------------------------------------------
+
+def test_percentile_table_agrees_with_the_request_records(capsys, tmp_path, server_factory: Factory) -> None:
+    srv = server_factory(profile="instant", ttft_ms=5.0, tokens_per_s=2000.0, jitter_ms=5.0)
+    data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--users", "5", "--requests", "30",
+                           "--max-tokens", "8")
+    stats = data["configs"][0]
+    reqs = data["requests"]
+    totals = [r["total_ms"] for r in reqs]
+    ttfts = [r["ttft_ms"] for r in reqs]
+    gaps = [g for r in reqs for g in r["itl_ms"]]
+    lat = stats["latency_ms"]
+    for q in (50, 90, 99):
+        assert lat["e2e"][f"p{q}"] == pytest.approx(percentile(totals, q), abs=0.002)
+        assert lat["ttft"][f"p{q}"] == pytest.approx(percentile(ttfts, q), abs=0.002)
+        assert lat["itl"][f"p{q}"] == pytest.approx(percentile(gaps, q), abs=0.002)
+    assert stats["requests_per_s"] == pytest.approx(stats["ok"] / stats["wall_s"], rel=1e-3)
+    tokens = sum(r["output_tokens"] for r in reqs)
+    assert stats["output_tokens_per_s"] == pytest.approx(tokens / stats["wall_s"], rel=1e-3)
+    # The printed table shows the same numbers.
+    assert table_cell(out, "end-to-end ms", "p50") == fmt_ms(lat["e2e"]["p50"])
+    assert table_cell(out, "TTFT ms", "p99") == fmt_ms(lat["ttft"]["p99"])
+
+
+def test_errors_are_counted_by_class(capsys, tmp_path, server_factory: Factory) -> None:
+    srv = server_factory(profile="instant", error_rate=0.5, seed=3)
+    data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--compare", "noretry",
+                           "--users", "4", "--requests", "40", "--max-tokens", "3")
+    stats = data["configs"][0]
+    failed = [r for r in data["requests"] if r["error_kind"] is not None]
+    assert stats["failed"] == len(failed) == sum(stats["errors"].values())
+    assert set(stats["errors"]) <= {"http_500", "http_502", "http_503"}
+    assert 0.2 < stats["error_rate"] < 0.8
+    assert stats["retries"] == 0
+    for kind, n in stats["errors"].items():
+        assert stats["error_rates"][kind] == pytest.approx(n / 40)
+        assert kind in out
+    # Latencies cover the successful requests only.
+    ok_totals = [r["total_ms"] for r in data["requests"] if r["error_kind"] is None]
+    assert stats["latency_ms"]["e2e"]["p50"] == pytest.approx(percentile(ok_totals, 50), abs=0.002)
+
+
+def test_goodput_counts_the_requests_that_meet_the_slo(capsys, tmp_path, server_factory: Factory) -> None:
+    # Time to first token uniform in [0, 200] ms: about half the requests miss a 100 ms objective.
+    srv = server_factory(profile="instant", jitter_ms=200.0, seed=5)
+    data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--users", "10", "--requests", "30",
+                           "--max-tokens", "2", "--slo-ttft-ms", "100")
+    stats = data["configs"][0]
+    met = sum(1 for r in data["requests"] if r["error"] is None and r["ttft_ms"] <= 100)
+    assert stats["met_slo"] == met
+    assert 0 < stats["goodput_requests_per_s"] < stats["requests_per_s"]
+    assert stats["goodput_requests_per_s"] == pytest.approx(met / stats["wall_s"], rel=1e-3)
+    assert "goodput" in out and "TTFT <= 100 ms" in out
+
+
+def test_long_ratio_one_sends_prompts_over_a_thousand_tokens(capsys, tmp_path, local_server) -> None:
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "2",
+                         "--requests", "6", "--long-ratio", "1.0", "--max-tokens", "2")
+    assert all(r["long_prompt"] and r["prompt_tokens"] > 1000 for r in data["requests"])
+    assert data["configs"][0]["long_prompts"] == 6
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "2",
+                         "--requests", "6", "--max-tokens", "2")
+    assert all(not r["long_prompt"] and r["prompt_tokens"] < 100 for r in data["requests"])
+
+
+def test_prompt_plan_is_the_same_under_every_configuration_and_mixes_as_asked() -> None:
+    plan = PromptPlan(seed=7, long_ratio=0.25)
+    picks = [plan.pick(s, i) for s in range(4) for i in range(200)]
+    assert picks == [PromptPlan(seed=7, long_ratio=0.25).pick(s, i) for s in range(4) for i in range(200)]
+    share = sum(long for _, long in picks) / len(picks)
+    assert 0.18 < share < 0.32
+    assert len({pid for pid, _ in picks}) == len(picks)  # no --prompts: every request a prompt of its own
+    assert {pid for pid, _ in (PromptPlan(distinct=3).pick(0, i) for i in range(50))} == {0, 1, 2}
+
+
+# -- comparisons ---------------------------------------------------------------------------------------------
+
+def test_compare_shows_http_versions_reuse_and_a_new_connection_per_nopool_request(
+    capsys, tmp_path, local_server
+) -> None:
+    data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--compare", "h1,h2,nopool",
+                           "--users", "4", "--requests", "20", "--max-tokens", "3")
+    stats = by_config(data)
+    assert stats["h1"]["http_version"] == "HTTP/1.1" and stats["h1"]["connections_reused"] > 0
+    assert stats["h2"]["http_version"] == "HTTP/2" and stats["h2"]["connections_reused"] > 0
+    assert stats["nopool"]["http_version"] == "HTTP/1.1" and stats["nopool"]["connections_reused"] == 0
+    nopool = [r for r in data["requests"] if r["config"] == "nopool"]
+    assert len(nopool) == 20
+    assert all(not r["connection_reused"] and r["connect_ms"] is not None for r in nopool)
+    # Interleaved: 5 slices of each, every slice of a configuration a block of its own in the run order.
+    blocks = [(r["slice"], r["config"]) for r in data["requests"]]
+    runs = [b for i, b in enumerate(blocks) if i == 0 or blocks[i - 1] != b]
+    assert len(runs) == 15 and len(set(runs)) == 15
+    rows = data["compare"]
+    assert [r["config"] for r in rows] == ["h1", "h2", "nopool"]
+    assert rows[0]["p99_e2e_change_pct"] == 0.0
+    assert rows[1]["requests_per_s_change_pct"] == pytest.approx(
+        (stats["h2"]["requests_per_s"] - stats["h1"]["requests_per_s"]) * 100 / stats["h1"]["requests_per_s"],
+        abs=0.01)
+    compare_lines = out.split("\n\n")[-1].splitlines()
+    assert compare_lines[0].split()[:2] == ["config", "HTTP"]
+    assert compare_lines[1].split()[:2] == ["h1", "HTTP/1.1"] and "(base)" in compare_lines[1]
+    assert compare_lines[2].split()[:2] == ["h2", "HTTP/2"]
+
+
+def test_same_prompts_under_each_configuration(capsys, tmp_path, local_server) -> None:
+    data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--compare", "h1,h2",
+                         "--users", "3", "--requests", "15", "--long-ratio", "0.5", "--max-tokens", "2")
+    seen: dict[tuple[int, int], list[tuple[bool, int]]] = {}
+    for r in data["requests"]:
+        seen.setdefault((r["slice"], r["index"]), []).append((r["long_prompt"], r["prompt_tokens"]))
+    assert len(seen) == 15
+    assert all(len(v) == 2 and v[0] == v[1] for v in seen.values())
+
+
+def test_batch_mode_cache_hits_and_nocache(capsys, tmp_path, local_server) -> None:
+    data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--mode", "batch",
+                           "--temperature", "0", "--prompts", "2", "--compare", "base,nocache",
+                           "--users", "1", "--requests", "10", "--max-tokens", "3")
+    stats = by_config(data)
+    base = [r for r in data["requests"] if r["config"] == "base"]
+    assert stats["base"]["cache_hits"] == sum(r["cache_hit"] for r in base) >= 8  # 2 prompts, 10 requests
+    assert stats["nocache"]["cache_hits"] == 0
+    assert stats["base"]["latency_ms"]["ttft"]["p50"] is None  # batch replies have no TTFT
+    assert "TTFT ms" not in out and "TTFB ms" in out
+
+
+def test_interleave_runs_each_configuration_once_per_round_in_a_seeded_order() -> None:
+    order = interleave(["h2", "h1", "nopool"], 5, seed=0)
+    rounds = [[c for s, c in order if s == r] for r in range(5)]
+    assert all(sorted(r) == ["h1", "h2", "nopool"] for r in rounds)
+    assert order == interleave(["h2", "h1", "nopool"], 5, seed=0)
+    assert len({tuple(r) for r in rounds}) > 1
+    assert parse_configs("h2, h1,nopool,h1+noretry") == ["h2", "h1", "nopool", "h1+noretry"]
+
+
+# -- secrets and files ---------------------------------------------------------------------------------------
+
+def test_json_and_output_hold_no_api_key(capsys, tmp_path, server_factory: Factory, monkeypatch) -> None:
+    key = "sk-bench-SECRET-7f3a9c"
+    srv = server_factory(profile="instant", api_key=key)
+    monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    path = tmp_path / "b.json"
+    code, out, err = bench(capsys, "--users", "2", "--requests", "6", "--max-tokens", "2",
+                           "--json", str(path))
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert data["configs"][0]["ok"] == 6  # the key went out: the server answers 401 without it
+    assert key not in path.read_text() and key not in out + err
+    # A wrong key: every request fails, and neither key shows anywhere.
+    monkeypatch.setenv("OPENAI_API_KEY", key + "-wrong")
+    code, out, err = bench(capsys, "--users", "2", "--requests", "4", "--max-tokens", "2")
+    assert code == 1 and err.count("\n") == 1 and "401" in err and key not in out + err  # listing the models
+    code, out, err = bench(capsys, "--users", "2", "--requests", "4", "--max-tokens", "2",
+                           "--json", str(path), "--model", "llmchat-local")
+    assert code == 1
+    assert set(by_config(json.loads(path.read_text()))["base"]["errors"]) == {"http_401"}
+    assert err.count("\n") == 1 and err.startswith("llmchat: every request failed")
+    assert key not in path.read_text() + out + err
+
+
+def test_plot_writes_an_svg_with_each_configuration(capsys, tmp_path, local_server) -> None:
+    svg = tmp_path / "out.svg"
+    code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,nopool", "--users",
+                           "2", "--requests", "10", "--max-tokens", "2", "--plot", str(svg))
+    assert code == 0, err
+    root = ET.parse(svg).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert texts.count("h1") == 2 and texts.count("nopool") == 2  # one label per panel (TTFT, end-to-end)
+    bars = list(root.iter("{http://www.w3.org/2000/svg}rect"))
+    assert len(bars) == 3 + 2 * 2 * 3  # the legend, then 2 panels x 2 configurations x p50/p90/p99
+
+
+def test_plot_draws_in_the_terminal(capsys, local_server) -> None:
+    code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,h2", "--users", "2",
+                           "--requests", "10", "--max-tokens", "2", "--plot")
+    assert code == 0, err
+    chart = out.split("TTFT latency (ms)", 1)[1]
+    assert "h1" in chart and "h2" in chart and "p99" in chart and "end-to-end latency (ms)" in chart
+    assert "\x1b[" not in out  # no colour codes when stdout is not a terminal
+
+
+# -- failures a user can meet --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--users", "0"], "--users must be at least 1"),
+    (["--compare", "h2,h3"], "unknown configuration 'h3'"),
+    (["--compare", "h2,h2"], "names a configuration twice"),
+    (["--mode", "batch", "--slo-ttft-ms", "100"], "--slo-ttft-ms needs --mode stream"),
+    (["--requests", "3", "--slices", "5"], "fewer than --slices"),
+    (["--rate", "0"], "--rate must be a positive number"),
+    (["--long-ratio", "1.5"], "--long-ratio must be between 0 and 1"),
+])
+def test_bad_flags_are_one_line_usage_errors(capsys, argv: list[str], says: str) -> None:
+    code, out, err = bench(capsys, "--base-url", "http://127.0.0.1:9/v1", *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("llmchat: ") and says in err
+
+
+def test_users_and_rate_are_exclusive(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--users", "2", "--rate", "3"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nothing_listening(capsys) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    code, out, err = bench(capsys, "--base-url", url, "--users", "1", "--requests", "3")
+    assert code == 1 and err.count("\n") == 1 and "connection refused" in err  # listing the models
+    code, out, err = bench(capsys, "--base-url", url, "--model", "m", "--compare", "noretry", "--users", "1",
+                           "--requests", "5")
+    assert code == 1
+    assert "llmchat: every request failed" in err and "connection refused" in err
+    assert "connect 5 (100.0%)" in " ".join(out.split())
+
+
+# -- the progress line ---------------------------------------------------------------------------------------
+
+def _sample(config: str, total_ms: float | None, error_kind: str | None = None) -> Sample:
+    rec = TimingRecord(t0_ns=0)
+    rec.end_ns = None if total_ms is None else int(total_ms * 1e6)
+    rec.error_kind = error_kind
+    return Sample(config, 0, 0, False, rec)
+
+
+def test_progress_line_shows_live_percentiles_and_errors() -> None:
+    stream = io.StringIO()
+    progress = bench_cmd.Progress(Scenario(requests=10, slices=2), ["h2", "h1"], enabled=True, stream=stream)
+    progress.slice(1, "h1")
+    for v in (10.0, 20.0, 30.0):
+        progress.sample(_sample("h1", v))
+    progress.sample(_sample("h2", 500.0))
+    progress.sample(_sample("h1", 1.0, "http_503"))
+    line = progress.line()
+    assert "5/20" in line and "h1 slice 2/2" in line
+    assert f"p50 {fmt_ms(20.0)} ms" in line and f"p99 {fmt_ms(percentile([10.0, 20.0, 30.0], 99))} ms" in line
+    assert "errors 1" in line
+    progress.close()
+    assert stream.getvalue().startswith("\r") and stream.getvalue().endswith("\n")
+
+
+def test_settings_are_left_alone_by_a_comparison(local_server, tmp_path) -> None:
+    # The configurations change their own copies: the caller's settings and pools stay as they were.
+    settings = Settings()
+    load = LoadRun(Scenario(requests=2, users=1, max_tokens=2), ["nopool", "h1+noretry"],
+                   Target(settings=settings, base_url=local_server.base_url))
+    asyncio.run(load.run())
+    assert settings == Settings()
+    assert {s.config for s in load.samples} == {"nopool", "h1+noretry"}
