@@ -79,6 +79,9 @@ RULES: dict[str, Rule] = {
         "the name of an environment variable", lambda v: bool(_ENV_NAME.fullmatch(v))
     ),
     "providers.*.model": _NON_EMPTY,
+    "providers.*.metrics_url": Rule(
+        "an http:// or https:// URL, or empty", lambda v: v == "" or _is_http_url(v)
+    ),
     "retry.max_attempts": _POSITIVE_INT,
     "retry.base_delay_s": _NON_NEGATIVE_SECONDS,
     "retry.max_delay_s": _NON_NEGATIVE_SECONDS,
@@ -109,6 +112,7 @@ RULES: dict[str, Rule] = {
     "server.error_rate": _PROBABILITY,
     "server.drop_rate": _PROBABILITY,
     "server.stall_ms": _NON_NEGATIVE_MS,
+    "server.max_concurrency": _NON_NEGATIVE_INT,
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,

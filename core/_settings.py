@@ -64,6 +64,9 @@ class ProviderSettings:
     """Extra headers sent with every request (for example an organisation id)."""
     http: dict[str, object] = field(default_factory=dict)
     """Overrides of [http] keys for this provider only, for example { http2 = "h2c" }."""
+    metrics_url: str = ""
+    """The server's Prometheus /metrics URL (vLLM, llama.cpp with --metrics, llmchat serve): its queue and
+    KV-cache use tell server saturation from network delay. Empty reads none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +163,9 @@ class ServerSettings:
     """Probability that a stream's connection is cut mid-way."""
     stall_ms: float = 0.0
     """A pause this long in the middle of every stream."""
+    max_concurrency: int = 0
+    """Generate at most this many chat replies at once; the rest queue for a slot (server_timing's started_ns
+    and /metrics show it); 0 is no limit."""
     api_key: str = field(default="", repr=False)
     """Require this bearer token (401 without it); empty accepts any."""
     embedding_dim: int = 256

@@ -1,9 +1,9 @@
 """The local server's ASGI app: routes, API-key check, rate limit, and the small endpoints.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/embeddings``. Checks run in the order OpenAI's own API runs them: the body is read (413 past
-1 MiB), then the key (401), the rate limit (429), the body's fields (400) and model (404), then the error
-dice (5xx).
+Routes: ``GET /health``, ``GET /metrics`` (Prometheus text, like vLLM's and llama.cpp's), ``GET /v1/models``,
+``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``. Checks run in the order
+OpenAI's own API runs them: the body is read (413 past 1 MiB), then the key (401), the rate limit (429), the
+body's fields (400) and model (404), then the error dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
 """
 
@@ -47,6 +47,7 @@ class ServerApp:
         self._hurrying = False
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
+            "/metrics": {"GET": self._metrics},
             "/v1/models": {"GET": self._list_models},
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/embeddings": {"POST": self._embeddings},
@@ -175,6 +176,21 @@ class ServerApp:
 
     async def _health(self, ex: Exchange) -> None:
         await ex.respond(200, b'{"status":"ok"}')
+
+    async def _metrics(self, ex: Exchange) -> None:
+        # No key needed, as on vLLM and llama.cpp: gauges say nothing about anyone's requests.
+        lines = []
+        for name, help_text, value in (
+            ("requests_running", "Chat replies being generated.", self.chat.running),
+            ("requests_waiting", "Chat requests queued for a slot (max_concurrency).", self.chat.waiting),
+        ):
+            lines += [
+                f"# HELP llmchat_local:{name} {help_text}",
+                f"# TYPE llmchat_local:{name} gauge",
+                f"llmchat_local:{name} {value}",
+            ]
+        body = ("\n".join(lines) + "\n").encode()
+        await ex.respond(200, body, content_type=b"text/plain; version=0.0.4; charset=utf-8")
 
     async def _list_models(self, ex: Exchange) -> None:
         self._authorize(ex)

@@ -1,15 +1,19 @@
 """Chat completions, whole and streamed, paced by the latency profile and broken by the fault profile.
 
-Pacing: token ``k`` is due at ``received + ttft_ms + k / tokens_per_s`` (plus up to ``jitter_ms``), on a fixed
+Pacing: token ``k`` is due at ``started + ttft_ms + k / tokens_per_s`` (plus up to ``jitter_ms``), on a fixed
 schedule that never drifts; in the middle of a stream ``stall_ms`` separates two tokens, counted from the
 moment the token before the stall was actually sent. Whenever the loop wakes it sends every token already
 due in one write (up to 16 KiB), so a server that falls behind catches up in bigger writes instead of falling
 further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server
 is not the bottleneck of a client benchmark.
 
-``server_timing`` (``time.monotonic_ns()`` stamps: request received, first content token sent, last token
-sent) rides on the final chunk before ``[DONE]`` (the usage chunk when ``include_usage`` is set) and on every
-whole reply; there, "first token" is when the first token would have been ready.
+Queueing: with ``max_concurrency`` N > 0 at most N replies are generated at once; the rest wait for a slot in
+arrival order, and their pacing starts when they get one (the wait shows as ``started_ns - received_ns``).
+
+``server_timing`` (``time.monotonic_ns()`` stamps: request received, work started after any queueing, first
+content token sent, last token sent) rides on the final chunk before ``[DONE]`` (the usage chunk when
+``include_usage`` is set) and on every whole reply; there, "first token" is when the first token would have
+been ready.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ class ChatResponder:
         self._id_prefix = os.urandom(6).hex()
         self._interval = 1.0 / settings.tokens_per_s if settings.tokens_per_s > 0 else 0.0
         self._stall = settings.stall_ms / 1000.0
+        self._slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency > 0 else None
+        self.running = 0
+        """Chat replies being generated now (``/metrics``)."""
+        self.waiting = 0
+        """Chat requests queued for a slot (``/metrics``)."""
 
     def next_id(self) -> str:
         return f"chatcmpl-{self._id_prefix}{next(self._ids):08x}"
@@ -63,8 +72,31 @@ class ChatResponder:
             raise HTTPFailure(status, _ERROR_MESSAGES[status], type_="server_error")
 
     async def reply(self, ex: Exchange, req: ChatRequest) -> None:
-        """Send the reply to ``req``, streamed or whole. Never raises for a client that went away."""
+        """Send the reply to ``req``, streamed or whole, once a slot is free when ``max_concurrency`` is
+        set. Never raises for a client that went away."""
         self.inject_error()
+        if self._slots is None:
+            await self._run(ex, req, ex.received_at)
+            return
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            ex.started_ns = time.monotonic_ns()
+            await self._run(ex, req, asyncio.get_running_loop().time())
+        finally:
+            self._slots.release()
+
+    async def _run(self, ex: Exchange, req: ChatRequest, started_at: float) -> None:
+        self.running += 1
+        try:
+            await self._generate(ex, req, started_at)
+        finally:
+            self.running -= 1
+
+    async def _generate(self, ex: Exchange, req: ChatRequest, started_at: float) -> None:
         loop = asyncio.get_running_loop()
         cold = self.cold.delay(req.model, loop.time())
         seed = req.seed if req.seed is not None else self.settings.seed
@@ -72,7 +104,7 @@ class ChatResponder:
         reply = build_reply(
             req.model, req.messages_key, req.last_user_text, seed, limit, req.max_tokens is not None, req.stop
         )
-        first_due = ex.received_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
+        first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
         usage = _wire.usage(count_prompt_tokens(req.messages), len(reply.tokens))
         try:
             if req.stream:
@@ -234,7 +266,8 @@ class ChatResponder:
 
     @staticmethod
     def _extra(ex: Exchange, req: ChatRequest, first_ns: int, last_ns: int) -> dict[str, Any]:
-        extra: dict[str, Any] = {"server_timing": _wire.timing(ex.received_ns, first_ns, last_ns)}
+        timing = _wire.timing(ex.received_ns, first_ns, last_ns, ex.started_ns)
+        extra: dict[str, Any] = {"server_timing": timing}
         if req.params:
             extra["request_params"] = req.params
         return extra

@@ -57,6 +57,9 @@ class Exchange:
         """``time.monotonic_ns()`` when the request reached the app (for server_timing)."""
         self.received_at = received_at
         """The event loop's clock at the same moment (for pacing)."""
+        self.started_ns = received_ns
+        """``time.monotonic_ns()`` when work on the reply began: later than ``received_ns`` when the request
+        queued for a slot (``max_concurrency``)."""
         self.body = b""
         """The request body, once read."""
         self.started = False

@@ -104,6 +104,7 @@ def validate_settings(settings: ServerSettings) -> None:
             raise UsageError(f"server.{name} must be a probability between 0 and 1, got {value!r}")
     _check_int(settings, "port", 0, 65535)
     _check_int(settings, "rate_limit", 0, 10**9)
+    _check_int(settings, "max_concurrency", 0, 10**6)
     _check_int(settings, "embedding_dim", 1, 65536)
     _check_int(settings, "default_max_tokens", 1, 1_000_000)
     _check_int(settings, "seed", -(2**63), 2**63 - 1)

@@ -33,9 +33,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def timing(received_ns: int, first_token_ns: int, last_token_ns: int) -> dict[str, int]:
-    """The ``server_timing`` object: ``time.monotonic_ns()`` stamps of this server's process."""
-    return {"received_ns": received_ns, "first_token_ns": first_token_ns, "last_token_ns": last_token_ns}
+def timing(
+    received_ns: int, first_token_ns: int, last_token_ns: int, started_ns: int | None = None
+) -> dict[str, int]:
+    """The ``server_timing`` object: ``time.monotonic_ns()`` stamps of this server's process. ``started_ns``
+    (default: ``received_ns``) is when work began after queueing for a slot."""
+    return {
+        "received_ns": received_ns,
+        "started_ns": received_ns if started_ns is None else started_ns,
+        "first_token_ns": first_token_ns,
+        "last_token_ns": last_token_ns,
+    }
 
 
 class ChunkTemplate:

@@ -69,6 +69,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--error-rate", type=float, metavar="P", help="probability of a 500/502/503 reply")
     a("--drop-rate", type=float, metavar="P", help="probability that a stream's connection is cut mid-way")
     a("--stall-ms", type=float, metavar="MS", help="a pause this long in the middle of every stream")
+    a(
+        "--max-concurrency",
+        type=int,
+        metavar="N",
+        help="generate at most N chat replies at once; the rest queue (server_timing and /metrics show the "
+        "wait; 0: no limit)",
+    )
     a("--api-key", metavar="KEY", help="require this bearer token (401 without it)")
     a("--embedding-dim", type=int, metavar="N", help="length of /v1/embeddings vectors (default 256)")
     a("--seed", type=int, help="seed of the fault dice, so a flaky run repeats")
@@ -125,6 +132,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "error_rate",
         "drop_rate",
         "stall_ms",
+        "max_concurrency",
         "api_key",
         "embedding_dim",
         "seed",
