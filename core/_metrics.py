@@ -1,0 +1,338 @@
+"""The metrics pipeline behind the HUD: rolling windows, percentiles, counters, cost and render lag.
+
+Pure (no Textual), so it can be tested and benchmarked alone. ``Metrics.subscribe(bus)`` wires it to the
+engine's bus; the chat view reports render lag with ``observe_render_lag``. Readers (the HUD) poll it on
+their own timer and use the ``*_version`` counters to repaint only what changed; ``add_listener`` tells them
+when something did, so an idle reader needs no timer at all.
+
+What goes where:
+
+- The latency windows (ttfb, ttft, total, tokens_per_s) hold the last ``window`` requests that got a reply
+  from the network: errors, cancels and cache hits are counted, not charted, since a 2 ms cache hit or a
+  refused connection would pull the percentiles away from what the provider does. TTFT is stream mode only.
+- ``requests`` counts finished requests (any outcome); ``in_flight`` is started and not yet finished.
+- A cancelled request counts in ``cancelled``, never in ``errors``: the user chose it.
+- A cache miss is a finished request that was neither a hit nor cancelled, so ``hit_ratio`` is the share of
+  requests the cache answered.
+
+Per chunk there is only a counter and a timestamp (``observe_chunk``); everything else happens per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._timing import TimingRecord
+
+Series = Literal["ttfb", "ttft", "total", "tokens_per_s", "render_lag"]
+
+#: The request series, in the order the HUD charts them.
+REQUEST_SERIES: tuple[Series, ...] = ("ttfb", "ttft", "total", "tokens_per_s")
+
+_NS_PER_S = 1_000_000_000
+
+
+class Percentiles(NamedTuple):
+    """p50, p95 and p99 of one window, by linear interpolation between closest ranks; None when empty."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+_NO_PERCENTILES = Percentiles(None, None, None)
+
+
+class Price(NamedTuple):
+    """What a model costs, in currency units per million tokens."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionState:
+    """The provider connection as warm-up last reported it: cold, warming, warm or failed."""
+
+    provider: str = ""
+    state: str = "cold"
+    rtt_ms: float | None = None
+    error: str | None = None
+
+
+def prices_from_settings(table: Mapping[str, Mapping[str, float]]) -> dict[str, Price]:
+    """``ui.prices`` (model -> {input_per_mtok, output_per_mtok}) as ``Price`` tuples; a missing side is 0.
+
+    Never fails on a validated table; the config loader has already rejected unknown keys and negatives.
+    """
+    return {
+        model: Price(float(p.get("input_per_mtok", 0.0)), float(p.get("output_per_mtok", 0.0)))
+        for model, p in table.items()
+    }
+
+
+def _three(ordered: list[float]) -> Percentiles:
+    if not ordered:
+        return _NO_PERCENTILES
+    last = len(ordered) - 1
+
+    def at(q: float) -> float:
+        pos = last * q
+        lo = int(pos)
+        hi = lo + 1 if lo < last else lo
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return Percentiles(at(0.50), at(0.95), at(0.99))
+
+
+class Metrics:
+    """Rolling figures over the last ``window`` requests, fed by ``observe_*`` calls or by ``subscribe(bus)``.
+
+    Cheap to feed: an observation appends to deques and bumps counters; percentiles are sorted lazily, once
+    per change, when someone asks. Not thread-safe: feed and read it from one event loop.
+    """
+
+    def __init__(
+        self,
+        window: int = 60,
+        *,
+        prices: Mapping[str, Price | tuple[float, float]] | None = None,
+        render_window: int = 240,
+    ) -> None:
+        """``window`` must be positive (ValueError otherwise); ``render_window`` is how many render-lag
+        samples are kept (one per painted frame, so more than requests)."""
+        if window < 1 or render_window < 1:
+            raise ValueError("Metrics windows must hold at least one value")
+        self.window = window
+        self.prices: dict[str, Price] = {m: Price(*p) for m, p in (prices or {}).items()}
+        self._windows: dict[Series, deque[float]] = {name: deque(maxlen=window) for name in REQUEST_SERIES}
+        self._windows["render_lag"] = deque(maxlen=render_window)
+        self._pct: dict[Series, Percentiles] = {}
+        self._live: dict[int, TimingRecord] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._retry: tuple[TimingRecord, object, Any, int] | None = None
+
+        self.started = 0
+        self.requests = 0
+        self.errors: Counter[str] = Counter()
+        self.cancelled = 0
+        self.retries = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.chunks = 0
+        self.last_chunk_ns: int | None = None
+        self.last: TimingRecord | None = None
+        self.cost_total: float | None = None
+        self.cost_last: float | None = None
+        self.cost_unknown = 0
+        self.connection = ConnectionState()
+
+        # What changed, for readers that repaint only their part: requests (start, retry, first token, done),
+        # done (windows, last record, cost), connection, render lag.
+        self.requests_version = 0
+        self.done_version = 0
+        self.connection_version = 0
+        self.render_version = 0
+
+    # -- reading -------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Grows with every observation but chunks: a reader that saw this value has seen everything."""
+        return self.requests_version + self.connection_version + self.render_version
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started and not finished."""
+        return len(self._live)
+
+    @property
+    def error_count(self) -> int:
+        """Finished requests that failed (cancels are not failures)."""
+        return sum(self.errors.values())
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Cache hits over hits plus misses, 0..1; None before any request finished."""
+        seen = self.cache_hits + self.cache_misses
+        return None if seen == 0 else self.cache_hits / seen
+
+    @property
+    def pending_retry(self) -> str | None:
+        """The live retry line ("retry 2/4 in 1.3 s (429, Retry-After)") while a retry is planned or its
+        attempt is unanswered; None once the next attempt's first byte, first token or end came."""
+        if self._retry is None:
+            return None
+        record, phases, event, _ = self._retry
+        if record.phases is not phases and record.phases.headers_ns is not None:
+            return None  # the attempt after the wait got its response headers
+        return str(event.describe())
+
+    def series(self, name: Series) -> list[float]:
+        """A new list of the window's values, oldest first (a new list, so a Sparkline sees a change)."""
+        return list(self._windows[name])
+
+    def percentiles(self, name: Series) -> Percentiles:
+        """p50/p95/p99 of one window; sorted once per change of that window. KeyError for an unknown name."""
+        cached = self._pct.get(name)
+        if cached is None:
+            cached = self._pct[name] = _three(sorted(self._windows[name]))
+        return cached
+
+    def pending_since_ns(self) -> int | None:
+        """The start (perf_counter_ns) of the oldest request in flight; None when none is."""
+        if not self._live:
+            return None
+        return min(r.t0_ns for r in self._live.values())
+
+    def last_activity_ns(self) -> int | None:
+        """When a request in flight last showed life: its start, its latest chunk, or the end of a planned
+        retry wait (which may lie ahead: a planned wait is not a stall). None when nothing is in flight."""
+        if not self._live:
+            return None
+        latest = max((r.last_token_ns or r.t0_ns) for r in self._live.values())
+        if self.last_chunk_ns is not None and self.last_chunk_ns > latest:
+            latest = self.last_chunk_ns
+        if self._retry is not None and id(self._retry[0]) in self._live:
+            resume_ns = self._retry[3] + int(float(self._retry[2].wait_s) * _NS_PER_S)
+            latest = max(latest, resume_ns)
+        return latest
+
+    # -- listening -----------------------------------------------------------------------------------------
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every observation but chunks; returns the function that removes it.
+
+        Callbacks run synchronously inside the observation (inside the bus publish), so keep them to
+        marking something dirty.
+        """
+        self._listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+        return remove
+
+    def _changed(self) -> None:
+        for callback in tuple(self._listeners):
+            callback()
+
+    def subscribe(self, bus: Bus) -> Callable[[], None]:
+        """Feed this pipeline from ``bus``; returns the function that unsubscribes all of it."""
+        offs = [
+            bus.subscribe(RequestStarted, lambda e: self.observe_started(e.record)),
+            bus.subscribe(RetryPlanned, lambda e: self.observe_retry(e.record, e.event)),
+            bus.subscribe(FirstToken, lambda e: self.observe_first_token(e.record)),
+            bus.subscribe(Chunk, self.observe_chunk),
+            bus.subscribe(RequestDone, lambda e: self.observe_done(e.record)),
+            bus.subscribe(WarmupState, self.observe_warmup),
+        ]
+
+        def unsubscribe() -> None:
+            for off in offs:
+                off()
+
+        return unsubscribe
+
+    # -- observing ---------------------------------------------------------------------------------------
+    def observe_started(self, record: TimingRecord) -> None:
+        """A request went out: in flight until its ``observe_done``."""
+        self.started += 1
+        self._live[id(record)] = record
+        self.requests_version += 1
+        self._changed()
+
+    def observe_retry(self, record: TimingRecord, event: Any) -> None:
+        """A retry is planned (``event`` is a RetryEvent: ``describe()``, ``wait_s``): ``pending_retry``."""
+        self.retries += 1
+        self._retry = (record, record.phases, event, time.perf_counter_ns())
+        self.requests_version += 1
+        self._changed()
+
+    def observe_first_token(self, record: TimingRecord) -> None:
+        """The first content token arrived: a retry of this request is over."""
+        self._clear_retry(record)
+        self.requests_version += 1
+        self._changed()
+
+    def observe_chunk(self, chunk: Chunk) -> None:
+        """One content chunk: a counter and a timestamp, nothing else (this runs per token)."""
+        self.chunks += 1
+        self.last_chunk_ns = chunk.arrived_ns
+
+    def observe_done(self, record: TimingRecord) -> None:
+        """A request finished (reply, error or cancel): counters, windows, cost, ``last``."""
+        self._live.pop(id(record), None)
+        self._clear_retry(record)
+        self.requests += 1
+        self.last = record
+        if record.cancelled:
+            self.cancelled += 1
+        elif record.error is not None or record.error_kind is not None:
+            self.errors[record.error_kind or "error"] += 1
+        if record.cache_hit:
+            self.cache_hits += 1
+        elif not record.cancelled:
+            self.cache_misses += 1
+        if not (record.cancelled or record.cache_hit or record.error is not None):
+            self._add_window("ttfb", record.ttfb_ms)
+            if record.mode == "stream":
+                self._add_window("ttft", record.ttft_ms)
+            self._add_window("total", record.total_ms)
+            self._add_window("tokens_per_s", record.tokens_per_s)
+        self._add_cost(record)
+        self.requests_version += 1
+        self.done_version += 1
+        self._changed()
+
+    def observe_warmup(self, event: WarmupState) -> None:
+        """Warm-up's state of the provider connection (cold, warming, warm, failed) and its last ping."""
+        rtt = event.rtt_ms if event.rtt_ms is not None else self.connection.rtt_ms
+        self.connection = ConnectionState(event.provider, event.state, rtt, event.error)
+        self.connection_version += 1
+        self._changed()
+
+    def observe_render_lag(self, ms: float) -> None:
+        """The time from a chunk's arrival to the frame that painted it, measured by the chat view."""
+        self._windows["render_lag"].append(ms)
+        self._pct.pop("render_lag", None)
+        self.render_version += 1
+        self._changed()
+
+    def observe_many(self, records: Iterable[TimingRecord]) -> None:
+        """Finished records, each as started and done: to seed the windows from a history or a test."""
+        for record in records:
+            self.observe_started(record)
+            self.observe_done(record)
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _add_window(self, name: Series, value: float | None) -> None:
+        if value is not None:
+            self._windows[name].append(value)
+            self._pct.pop(name, None)
+
+    def _clear_retry(self, record: TimingRecord) -> None:
+        if self._retry is not None and self._retry[0] is record:
+            self._retry = None
+
+    def _add_cost(self, record: TimingRecord) -> None:
+        price = self.prices.get(record.model)
+        if price is None:
+            return
+        if record.cache_hit:
+            cost = 0.0  # answered from the disk cache: nothing was billed
+        elif record.usage_from_server and record.prompt_tokens is not None:
+            cost = (record.prompt_tokens * price.input_per_mtok
+                    + record.output_tokens * price.output_per_mtok) / 1_000_000
+        else:
+            # No usage from the server (an error, a cancel, a server that does not send it): a guess from
+            # chunk counts would look exact and be wrong, so it is counted as unknown instead.
+            self.cost_unknown += 1
+            self.cost_last = None
+            return
+        self.cost_last = cost
+        self.cost_total = (self.cost_total or 0.0) + cost
