@@ -154,6 +154,8 @@ class Target:
     base_url: str | None = None
     http2: Http2Mode | None = None
     model: str | None = None
+    max_connections: int | None = None
+    """Size every pool to this many connections, kept alive alike (nopool keeps none and has no limit)."""
 
 
 @dataclass(slots=True)
@@ -200,6 +202,9 @@ def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
     client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
                         http2=target.http2, retry=retry)
     http = client.endpoint.http
+    if target.max_connections is not None:
+        http = dataclasses.replace(http, max_connections=target.max_connections,
+                                   max_keepalive_connections=target.max_connections)
     if "h2" in parts:
         tls = client.endpoint.base_url.startswith("https")
         http = dataclasses.replace(http, http2=True if tls else "h2c")
@@ -266,6 +271,8 @@ class LoadRun:
         self.cap_hits = 0
         self.model = scenario.model or target.model or ""
         self.base_url = ""
+        self.pool_sizes: dict[str, int] = {}
+        """Each configuration's http.max_connections, as its client was built."""
 
     def records(self, config: str) -> list[TimingRecord]:
         return [s.record for s in self.samples if s.config == config]
@@ -280,6 +287,7 @@ class LoadRun:
         try:
             for name in self.configs:
                 clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}")
+                self.pool_sizes[name] = clients[name].endpoint.http.max_connections
             first = clients[self.configs[0]]
             self.base_url = first.endpoint.base_url
             self.model = self.model or first.model or await _first_model(first)

@@ -5,6 +5,8 @@ Definitions (the engine's, see ``_timing.py``; they follow vLLM's ``benchmark_se
 - Latency percentiles (TTFB, TTFT, ITL, TPOT, end-to-end) cover the requests that succeeded, as vLLM's do;
   failures are counted apart, by class. Percentiles interpolate linearly between closest ranks (numpy's
   default, which vLLM uses). TTFT exists in stream mode only; a cache hit has no TTFB.
+- pool wait (not a vLLM figure): the last attempt's wait for a free pooled connection, which is where a pool
+  too small for the load shows.
 - ITL pools every gap between consecutive content chunks of every request, vLLM's chunk-gap definition;
   genai-perf divides each request's decode time by its tokens instead (that figure is TPOT here).
 - TPOT is per request, (last token - first token) / (output tokens - 1), then taken across requests.
@@ -27,8 +29,9 @@ from typing import Any
 from llmchat.core._timing import TimingRecord, percentile
 
 QUANTILES = (50, 90, 99)
-METRICS = ("ttfb", "ttft", "itl", "tpot", "e2e")
-METRIC_NAMES = {"ttfb": "TTFB", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end"}
+METRICS = ("pool_wait", "ttfb", "ttft", "itl", "tpot", "e2e")
+METRIC_NAMES = {"pool_wait": "pool wait", "ttfb": "TTFB", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT",
+                "e2e": "end-to-end"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +162,9 @@ def metric_values(records: Iterable[TimingRecord]) -> dict[str, list[float]]:
     for r in records:
         if r.error_kind is not None:
             continue
-        for name, v in (("ttfb", r.ttfb_ms), ("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("e2e", r.total_ms)):
+        pairs = (("pool_wait", r.pool_wait_ms), ("ttfb", r.ttfb_ms), ("ttft", r.ttft_ms), ("tpot", r.tpot_ms),
+                 ("e2e", r.total_ms))
+        for name, v in pairs:
             if v is not None:
                 values[name].append(v)
         values["itl"].extend(r.itl_ms)

@@ -212,6 +212,16 @@ def test_compare_shows_http_versions_reuse_and_a_new_connection_per_nopool_reque
     assert compare_lines[2].split()[:2] == ["h2", "HTTP/2"]
 
 
+def test_max_connections_sizes_the_pool(capsys, tmp_path, server_factory: Factory) -> None:
+    srv = server_factory(profile="instant", ttft_ms=20.0)
+    data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--compare", "h1", "--users", "4",
+                           "--requests", "12", "--max-tokens", "2", "--max-connections", "2", "--slices", "1")
+    opened = [r for r in data["requests"] if not r["connection_reused"]]
+    assert 1 <= len(opened) <= 2  # four users share two kept-alive connections
+    assert max(r["pool_wait_ms"] for r in data["requests"]) > 0
+    assert "pool: 2 connections" in out and "pool wait ms" in out
+
+
 def test_same_prompts_under_each_configuration(capsys, tmp_path, local_server) -> None:
     data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--compare", "h1,h2",
                          "--users", "3", "--requests", "15", "--long-ratio", "0.5", "--max-tokens", "2")
@@ -301,6 +311,7 @@ def test_plot_draws_in_the_terminal(capsys, local_server) -> None:
     (["--requests", "3", "--slices", "5"], "fewer than --slices"),
     (["--rate", "0"], "--rate must be a positive number"),
     (["--long-ratio", "1.5"], "--long-ratio must be between 0 and 1"),
+    (["--max-connections", "0"], "--max-connections must be at least 1"),
 ])
 def test_bad_flags_are_one_line_usage_errors(capsys, argv: list[str], says: str) -> None:
     code, out, err = bench(capsys, "--base-url", "http://127.0.0.1:9/v1", *argv)

@@ -46,7 +46,7 @@ def grid(rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
 def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     """Every figure, one column per configuration: latency percentiles, errors by class, throughput."""
     rows: list[list[str]] = [["", "", *(s.name for s in stats)]]
-    for metric in ("ttfb", "ttft", "itl", "tpot", "e2e"):
+    for metric in ("pool_wait", "ttfb", "ttft", "itl", "tpot", "e2e"):
         if metric in ("ttft", "itl", "tpot") and mode != "stream":
             continue
         for i, q in enumerate(QUANTILES):

@@ -72,6 +72,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--json", metavar="PATH", help="write every figure and every request's timing record to PATH")
     a("--plot", nargs="?", const="-", metavar="SVG",
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
+    a("--max-connections", type=int, metavar="N",
+      help="pool size of every configuration (default: http.max_connections); nopool has no limit")
     a("--provider", help="a provider name from the config")
     a("--base-url", help="an OpenAI-compatible API root instead (e.g. http://127.0.0.1:8000/v1)")
     a("--model", help="the model (default: the provider's, else the first the server lists)")
@@ -111,13 +113,15 @@ def slo_from_args(args: argparse.Namespace) -> SLO:
 def run(args: argparse.Namespace) -> int:
     scenario = scenario_from_args(args)
     slo = slo_from_args(args)
+    if args.max_connections is not None and args.max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
     configs = parse_configs(args.compare) if args.compare else ["base"]
     settings = load_settings(args.config)
     progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty())
     interrupted = False
     with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (url, http2, model):
         target = Target(settings=settings, provider=args.provider, base_url=url, http2=http2,
-                        model=args.model or model)
+                        model=args.model or model, max_connections=args.max_connections)
         load = LoadRun(scenario, configs, target, on_sample=progress.sample, on_slice=progress.slice)
         try:
             asyncio.run(_drive(load, progress))
@@ -191,6 +195,9 @@ def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
     line1 = (f"llmchat bench: {loop}, {budget} per configuration, {scenario.mode} mode, "
              f"max_tokens {scenario.max_tokens}{long}{slices}")
     line2 = f"target: {_safe_url(load.base_url)}  model: {load.model}"
+    pools = sorted({n for name, n in load.pool_sizes.items() if "nopool" not in name.split("+")})
+    if pools:
+        line2 += f"  pool: {'/'.join(map(str, pools))} connections (--max-connections)"
     if interrupted:
         line2 += "  (interrupted: partial figures)"
     return line1 + "\n" + line2
