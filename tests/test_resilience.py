@@ -198,6 +198,27 @@ async def test_a_refused_connection_is_retried_then_reported() -> None:
     assert all(e.status is None for e in planned.events)
 
 
+async def test_a_pool_timeout_is_retried_until_a_connection_frees_up(server_factory: Factory) -> None:
+    # One HTTP/1.1 connection, held by a slow stream: the next request cannot get it within pool_timeout_s,
+    # which is retryable (nothing was sent), and goes out once the stream ends.
+    server = server_factory(profile="instant", tokens_per_s=40)
+    one = HttpSettings(max_connections=1, max_keepalive_connections=1, pool_timeout_s=0.05)
+    settings = Settings(http=one)
+    retry = RetrySettings(max_attempts=40, base_delay_s=0.05, max_delay_s=0.1, total_budget_s=10.0)
+    async with make_client(server.base_url, http2=False, retry=retry, settings=settings) as client:
+        planned = watch(client)
+        async with asyncio.timeout(10):
+            stream = client.stream(MESSAGES, max_tokens=20)  # half a second of tokens
+            first_piece = await anext(aiter(stream))
+            waiting = asyncio.create_task(client.complete(MESSAGES, max_tokens=2))
+            rest = [piece async for piece in stream]
+            reply = await waiting
+    assert first_piece and rest and stream.record.error is None
+    assert reply.record.error is None and reply.record.attempts >= 2
+    assert {e.reason for e in reply.record.retries} == {"timeout_pool"}
+    assert planned.events == reply.record.retries and all(e.status is None for e in planned.events)
+
+
 async def test_a_429_asking_for_longer_than_max_delay_fails_fast(server_factory: Factory) -> None:
     # The server's limiter counts a minute, so its Retry-After is ~60 s: above max_delay_s, nothing is waited.
     server = server_factory(profile="instant", rate_limit=1)
