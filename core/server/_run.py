@@ -27,6 +27,7 @@ from llmchat.core._proxy import DelayProxy, Target
 from llmchat.core._settings import ServerSettings
 from llmchat.core.server._app import ServerApp
 from llmchat.core.server._connections import ConnectionRegistry, TrackingSocket
+from llmchat.core.server._metrics import ServerMetrics
 from llmchat.core.server._profiles import validate_settings
 from llmchat.core.server._tls import TLSFiles, self_signed, user_files
 
@@ -86,13 +87,16 @@ async def serve(
     *,
     ready: Callable[[str], None] | None = None,
     shutdown: asyncio.Event | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> None:
     """Serve until ``shutdown`` is set (default: until SIGINT or SIGTERM), then stop cleanly.
 
-    ``ready`` is called with the ready line once the server listens. Raises UsageError for settings out of
-    range or unusable TLS files, LLMChatError when the address cannot be bound.
+    ``ready`` is called with the ready line once the server listens; ``metrics`` (``--metrics-port``) counts
+    every request. Raises UsageError for settings out of range or unusable TLS files, LLMChatError when the
+    address cannot be bound.
     """
-    await _serve(settings, on_listening=(lambda info: ready(info.line)) if ready else None, shutdown=shutdown)
+    await _serve(settings, on_listening=(lambda info: ready(info.line)) if ready else None, shutdown=shutdown,
+                 metrics=metrics)
 
 
 async def _serve(
@@ -100,6 +104,7 @@ async def _serve(
     *,
     on_listening: Callable[[Listening], None] | None,
     shutdown: asyncio.Event | None,
+    metrics: ServerMetrics | None = None,
 ) -> None:
     validate_settings(settings)
     tls: TLSFiles | None = None
@@ -152,7 +157,8 @@ async def _serve(
         previous_handler = loop.get_exception_handler()
         try:
             # ServerApp speaks ASGI 3 with plain dicts; hypercorn types its messages as TypedDicts.
-            await hypercorn_serve(cast("ASGIFramework", app), config, shutdown_trigger=stopping, mode="asgi")
+            asgi = app if metrics is None else metrics.wrap(app)
+            await hypercorn_serve(cast("ASGIFramework", asgi), config, shutdown_trigger=stopping, mode="asgi")
         finally:
             loop.set_exception_handler(previous_handler)
             if remove_signals:
@@ -225,8 +231,9 @@ def _quiet_log() -> logging.Logger:
 class RunningServer:
     """A server on its own event loop in a daemon thread. Use as a context manager, or call ``close``."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, metrics: ServerMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self._info: Listening | None = None
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -290,7 +297,7 @@ class RunningServer:
             self._info = info
             self._ready.set()
 
-        await _serve(self.settings, on_listening=listening, shutdown=self._shutdown)
+        await _serve(self.settings, on_listening=listening, shutdown=self._shutdown, metrics=self.metrics)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the server and join its thread, waiting at most ``timeout`` seconds. Safe to call twice."""
@@ -312,12 +319,15 @@ class RunningServer:
         self.close()
 
 
-def start_in_thread(settings: ServerSettings, *, timeout: float = 30.0) -> RunningServer:
-    """Start a server on its own event loop in a daemon thread; return once it listens.
+def start_in_thread(
+    settings: ServerSettings, *, timeout: float = 30.0, metrics: ServerMetrics | None = None
+) -> RunningServer:
+    """Start a server on its own event loop in a daemon thread; return once it listens. ``metrics`` counts
+    its requests (serve them with ``llmchat.core._prometheus.MetricsServer(metrics.registry, port)``).
 
     Raises what ``serve`` raises (UsageError, LLMChatError), or LLMChatError if it is not listening within
     ``timeout`` seconds.
     """
-    server = RunningServer(settings)
+    server = RunningServer(settings, metrics)
     server._start(timeout)
     return server

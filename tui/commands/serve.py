@@ -13,7 +13,9 @@ import dataclasses
 from typing import Any
 
 from llmchat.core import ServerSettings, load_settings
+from llmchat.core._prometheus import MetricsServer
 from llmchat.core.server import PROFILE_SUMMARIES, resolve_settings, serve
+from llmchat.core.server._metrics import ServerMetrics
 
 # flag dest -> ServerSettings field, for the flags whose names differ
 _FIELD = {"model": "models"}
@@ -96,6 +98,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "TLS handshakes cost what they do across regions (a proxy in front of the server; see llmchat proxy)",
     )
     a(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics (requests by route and status, in flight, tokens sent) at "
+        "http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the metrics extra)",
+    )
+    a(
         "--close-after-stream",
         action="store_true",
         default=None,
@@ -147,5 +156,15 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     settings = resolve_settings(config_values(args.config), flag_values(args))
-    asyncio.run(serve(settings, ready=lambda line: print(line, flush=True)))
+    metrics, exposed = None, None
+    if args.metrics_port is not None:
+        metrics = ServerMetrics()
+        exposed = MetricsServer(metrics.registry, args.metrics_port)
+        # Before the ready line: whoever waits for that line may scrape at once.
+        print(f"llmchat server metrics on {exposed.url}", flush=True)
+    try:
+        asyncio.run(serve(settings, ready=lambda line: print(line, flush=True), metrics=metrics))
+    finally:
+        if exposed is not None:
+            exposed.close()
     return 0

@@ -1,0 +1,289 @@
+"""Prometheus metrics from the bus, served at ``/metrics`` on 127.0.0.1 (``--metrics-port``).
+
+``start_exporter(bus, port)`` is the one call: it makes a registry of its own (never prometheus_client's
+global one, so two exporters in a process, or many tests, never collide), subscribes to ``bus`` and serves
+the registry from a daemon thread, off the event loop. prometheus_client is an optional dependency (the
+``metrics`` extra): without it the call is a one-line UsageError saying what to install.
+
+What is exported, by Prometheus's naming conventions (seconds, ``_total`` counters), with labels
+``provider``, ``model`` and ``mode`` (stream, batch, embed) unless said otherwise:
+
+- ``llmchat_requests_total{outcome}``: finished requests; outcome is ok, error or cancelled.
+- ``llmchat_request_ttfb_seconds``, ``llmchat_request_ttft_seconds`` (stream mode),
+  ``llmchat_request_duration_seconds`` (end to end) and ``llmchat_output_tokens_per_second``: histograms of
+  the requests that got their reply from the network. Errors, cancels and cache hits are counted, not put in
+  the histograms: a 2 ms cache hit or a refused connection would pull the quantiles away from what the
+  provider does (the HUD keeps the same rule). Definitions as in ``TimingRecord``.
+- ``llmchat_output_tokens_total``: output tokens received.
+- ``llmchat_retries_total{provider, reason}``: retries planned, by reason (429, 503, connect, ...).
+- ``llmchat_cache_requests_total{provider, mode, result}``: hit or miss, for requests the reply cache was
+  asked about (a request the cache policy leaves out is neither).
+- ``llmchat_request_errors_total{provider, model, mode, kind}``: failures by class (``APIError.kind``:
+  connect, timeout_read, http_429, stream_cut ...). Cancels are not errors.
+- ``llmchat_requests_in_flight{provider, mode}``: started and not finished.
+- ``llmchat_warmup_state{provider, state}``: 1 for the provider's current warm-up state (cold, warming, warm,
+  failed), 0 for the others; ``llmchat_warmup_rtt_seconds{provider}``: the warm-up ping's round trip.
+
+Cardinality stays bounded: past ``max_models`` distinct models the rest are counted as ``model="other"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from socket import AF_INET6
+from socketserver import ThreadingMixIn
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from llmchat.core._bus import Bus, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._errors import LLMChatError, UsageError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+#: Latency buckets in seconds, 25 ms to 2 minutes: a local server's first byte to a reasoning model's reply.
+LATENCY_BUCKETS = (
+    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
+    60.0, 120.0,
+)
+#: Output tokens per second: a slow local model to a cache-fast replay.
+TOKENS_PER_S_BUCKETS = (
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0, 5000.0,
+)
+WARMUP_STATES = ("cold", "warming", "warm", "failed")
+INSTALL_HINT = 'pip install "llmchat[metrics]"'
+
+
+def load_prometheus_client() -> ModuleType:
+    """prometheus_client, imported on first use; UsageError, one line, when it is not installed."""
+    try:
+        return importlib.import_module("prometheus_client")
+    except ImportError:
+        raise UsageError(f"--metrics-port needs prometheus_client: {INSTALL_HINT}") from None
+
+
+class ClientMetrics:
+    """The engine's metrics in a registry of their own, fed by the buses it is subscribed to."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, max_models: int = 50) -> None:
+        prom = load_prometheus_client()
+        self.registry: CollectorRegistry = registry if registry is not None else prom.CollectorRegistry()
+        self.max_models = max_models
+        self._models: set[str] = set()
+        self._in_flight: dict[str, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+        r = self.registry
+        common = ("provider", "model", "mode")
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Any:
+            return prom.Histogram(name, doc, common, registry=r, buckets=buckets)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Any:
+            return prom.Counter(name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...]) -> Any:
+            return prom.Gauge(name, doc, labels, registry=r)
+
+        self.requests = counter("llmchat_requests", "Finished requests, by outcome (ok, error, cancelled).",
+                                (*common, "outcome"))
+        self.ttfb = histogram("llmchat_request_ttfb_seconds",
+                              "From the request's start to the response headers (replies from the network).")
+        self.ttft = histogram("llmchat_request_ttft_seconds",
+                              "From the request's start to the first answer token (stream mode).")
+        self.duration = histogram("llmchat_request_duration_seconds",
+                                  "From the request's start to the end of the reply (end to end).")
+        self.tokens_per_s = histogram("llmchat_output_tokens_per_second",
+                                      "Output tokens per second of generation, per request.",
+                                      TOKENS_PER_S_BUCKETS)
+        self.output_tokens = counter("llmchat_output_tokens", "Output tokens received.", common)
+        self.retries = counter("llmchat_retries", "Retries planned, by reason.", ("provider", "reason"))
+        self.cache = counter("llmchat_cache_requests", "Requests the reply cache was asked about, by result.",
+                             ("provider", "mode", "result"))
+        self.errors = counter("llmchat_request_errors", "Failed requests, by error class.", (*common, "kind"))
+        self.in_flight = gauge("llmchat_requests_in_flight", "Requests started and not finished.",
+                               ("provider", "mode"))
+        self.warmup = gauge("llmchat_warmup_state", "1 for the provider's current warm-up state.",
+                            ("provider", "state"))
+        self.warmup_rtt = gauge("llmchat_warmup_rtt_seconds", "The warm-up ping's round trip.", ("provider",))
+
+    def subscribe(self, bus: Bus) -> Callable[[], None]:
+        """Count what ``bus`` reports from now on; returns a function that stops that."""
+        subs = [
+            bus.subscribe(RequestStarted, self.on_started),
+            bus.subscribe(RequestDone, self.on_done),
+            bus.subscribe(RetryPlanned, self.on_retry),
+            bus.subscribe(WarmupState, self.on_warmup),
+        ]
+
+        def unsubscribe() -> None:
+            for sub in subs:
+                sub()
+
+        return unsubscribe
+
+    def _model(self, model: str) -> str:
+        with self._lock:
+            if model in self._models:
+                return model
+            if len(self._models) < self.max_models:
+                self._models.add(model)
+                return model
+        return "other"
+
+    def on_started(self, event: RequestStarted) -> None:
+        record = event.record
+        key = (record.provider, record.mode)
+        # By request id: a record finished without a start (a model lookup that failed first) or started on
+        # two buses this exporter listens to is counted once, and the gauge never goes below zero.
+        with self._lock:
+            if record.request_id in self._in_flight:
+                return
+            self._in_flight[record.request_id] = key
+        self.in_flight.labels(*key).inc()
+
+    def on_done(self, event: RequestDone) -> None:
+        record = event.record
+        with self._lock:
+            key = self._in_flight.pop(record.request_id, None)
+        if key is not None:
+            self.in_flight.labels(*key).dec()
+        labels = (record.provider, self._model(record.model), record.mode)
+        if record.cancelled:
+            outcome = "cancelled"
+        elif record.error_kind is not None:
+            outcome = "error"
+            self.errors.labels(*labels, record.error_kind).inc()
+        else:
+            outcome = "ok"
+        self.requests.labels(*labels, outcome).inc()
+        if record.cache_lookup:
+            self.cache.labels(record.provider, record.mode, "hit" if record.cache_hit else "miss").inc()
+        if record.output_tokens:
+            self.output_tokens.labels(*labels).inc(record.output_tokens)
+        if outcome != "ok" or record.cache_hit:
+            return
+        _observe(self.ttfb, labels, record.ttfb_ms)
+        if record.mode == "stream":
+            _observe(self.ttft, labels, record.ttft_ms)
+        _observe(self.duration, labels, record.total_ms)
+        tps = record.tokens_per_s
+        if tps is not None:
+            self.tokens_per_s.labels(*labels).observe(tps)
+
+    def on_retry(self, event: RetryPlanned) -> None:
+        self.retries.labels(event.record.provider, str(getattr(event.event, "reason", "unknown"))).inc()
+
+    def on_warmup(self, event: WarmupState) -> None:
+        for state in WARMUP_STATES:
+            self.warmup.labels(event.provider, state).set(1.0 if state == event.state else 0.0)
+        if event.rtt_ms is not None:
+            self.warmup_rtt.labels(event.provider).set(event.rtt_ms / 1000.0)
+
+
+def _observe(histogram: Any, labels: tuple[str, ...], ms: float | None) -> None:
+    if ms is not None:
+        histogram.labels(*labels).observe(ms / 1000.0)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's parameter name
+        pass  # a scrape every 15 s is not news
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in progress never holds up the exit
+
+
+class MetricsServer:
+    """A registry served at ``http://HOST:PORT/metrics`` (prometheus_client's WSGI app) from a daemon thread.
+
+    prometheus_client's own ``start_http_server`` would do, but its thread polls for shutdown every 0.5 s, so
+    every close took that long; this one polls every 50 ms.
+    """
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
+        prom = load_prometheus_client()
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise UsageError(f"--metrics-port must be a port number from 0 to 65535, got {port!r}")
+        server_class: type[_ThreadingWSGIServer] = _ThreadingWSGIServer
+        if ":" in host:
+            server_class = type("_Server6", (_ThreadingWSGIServer,), {"address_family": AF_INET6})
+        try:
+            self._httpd: WSGIServer | None = make_server(
+                host, port, prom.make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+            )
+        except OSError as exc:
+            raise LLMChatError(
+                f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another port, "
+                "or 0 for a free one"
+            ) from None
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="llmchat-metrics", daemon=True)
+        self._thread.start()
+        self.host = host
+        self.port: int = self._httpd.server_port
+        """The port it listens on (the one taken when 0 was asked)."""
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and free the port (waits up to ``timeout`` s for the thread). Safe to call twice."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+            self._thread.join(timeout)
+
+
+class Exporter:
+    """What ``start_exporter`` returns: the metrics, where they are served, and ``close()``."""
+
+    def __init__(self, metrics: ClientMetrics, server: MetricsServer) -> None:
+        self.metrics = metrics
+        self.server = server
+        self._unsubscribe: list[Callable[[], None]] = []
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT/metrics``."""
+        return self.server.url
+
+    def attach(self, bus: Bus) -> None:
+        """Also count what another bus reports (a second client, a bench configuration)."""
+        self._unsubscribe.append(self.metrics.subscribe(bus))
+
+    def close(self) -> None:
+        """Unsubscribe from every bus and stop serving. Safe to call twice."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        self.server.close()
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_exporter(bus: Bus | None, port: int, *, host: str = "127.0.0.1") -> Exporter:
+    """Serve the metrics of ``bus`` (more with ``attach``) at ``http://host:port/metrics``; port 0 takes a
+    free one (``.port`` says which). Returns the handle whose ``close()`` stops it.
+
+    Raises UsageError when prometheus_client is not installed, LLMChatError when the port cannot be bound.
+    """
+    metrics = ClientMetrics()
+    exporter = Exporter(metrics, MetricsServer(metrics.registry, port, host))
+    if bus is not None:
+        exporter.attach(bus)
+    return exporter
