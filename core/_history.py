@@ -182,10 +182,13 @@ class HistoryStore:
     def reply_writer(self, msg_id: int, *, flush_s: float = 1.0) -> ReplyWriter:
         """A writer that saves the reply ``msg_id`` (from :meth:`start_reply`) as it streams.
 
-        Call from the event loop. Raises ValueError for a ``flush_s`` that is not positive.
+        Call from the event loop. Raises ValueError for a ``flush_s`` that is not positive and RuntimeError
+        when the store is not open (a writer could never save).
         """
         if not flush_s > 0:
             raise ValueError(f"flush_s must be positive, got {flush_s!r}")
+        if self._executor is None:
+            raise RuntimeError("HistoryStore is not open: await store.open() first")
         writer = ReplyWriter(self, msg_id, flush_s, asyncio.get_running_loop())
         self._writers.add(writer)
         return writer

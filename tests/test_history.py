@@ -159,6 +159,8 @@ async def test_a_file_from_a_newer_llmchat_is_refused_and_left_alone(db: Path) -
     assert sorted(p.name for p in db.parent.iterdir()) == ["history.sqlite3"]  # no -wal: nothing was written
     with pytest.raises(RuntimeError):
         await store.list_conversations()  # a failed open leaves the store closed
+    with pytest.raises(RuntimeError):
+        store.reply_writer(1)
 
 
 @pytest.mark.parametrize("garbage", [b"not a database, just text\n" * 200, b"\x00junk"])
@@ -226,13 +228,13 @@ async def test_a_streaming_reply_is_flushed_within_a_second_and_seen_by_another_
         writer.append(piece)
     # append only buffers: nothing can have reached the file before the loop runs again.
     assert writer.flush_pending and saved() == ""
-    await eventually(lambda: saved() == "Hello, world", timeout=2.0, what="the first timed flush")
+    await eventually(lambda: saved() == "Hello, world", timeout=2.5, what="the first timed flush")
     # Nothing new, nothing armed: the timer runs only while text waits.
     await eventually(lambda: not writer.flush_pending, timeout=1.0, what="the timer to disarm")
     assert writer.flushes == 1
     writer.append("!")
     assert writer.flush_pending
-    await eventually(lambda: saved() == "Hello, world!", timeout=2.0, what="the second timed flush")
+    await eventually(lambda: saved() == "Hello, world!", timeout=2.5, what="the second timed flush")
     assert peek(db, "SELECT status FROM messages WHERE id = ?", msg) == [("streaming",)]
     await writer.finish(status="done")
     assert not writer.flush_pending and writer.flushes == 2
