@@ -1,1 +1,23 @@
-"""Widgets and screens of the chat app."""
+"""The HUD: the live latency side panel (``Hud``) and its parts, fed by ``llmchat.core._metrics.Metrics``."""
+
+from llmchat.tui.widgets.hud._charts import HudCharts
+from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
+from llmchat.tui.widgets.hud._detail import HudDetail, PlotChart
+from llmchat.tui.widgets.hud._hud import Hud
+from llmchat.tui.widgets.hud._lag import RenderLagLine
+from llmchat.tui.widgets.hud._pending import PendingPanel
+from llmchat.tui.widgets.hud._stats import HudStats
+from llmchat.tui.widgets.hud._waterfall import Waterfall
+
+__all__ = [
+    "ConnectionPanel",
+    "Endpoint",
+    "Hud",
+    "HudCharts",
+    "HudDetail",
+    "HudStats",
+    "PendingPanel",
+    "PlotChart",
+    "RenderLagLine",
+    "Waterfall",
+]

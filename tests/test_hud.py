@@ -1,0 +1,297 @@
+"""The HUD in a tiny app driven by a real Bus: what its labels say, its colours, its live lines, its detail
+view, and its refresh policy. Records are real TimingRecords, stamps set by hand; every wait is bounded."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._retry import RetryEvent
+from llmchat.core._settings import UISettings
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.widgets.hud import Hud, HudDetail, PlotChart
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.pilot import Pilot
+from textual.widgets import Static
+from timing_records import record
+
+WAIT_S = 5.0
+
+
+class HudApp(App[None]):
+    CSS = "#chat { width: 1fr; }"
+
+    def __init__(self, ui: UISettings | None = None) -> None:
+        super().__init__()
+        self.bus = Bus()
+        self.ui = ui or UISettings()
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Static("chat", id="chat")
+            yield Hud(bus=self.bus, ui=self.ui, id="hud")
+
+
+async def until(
+    pilot: Pilot[None], condition: Callable[[], bool], what: str, timeout: float = WAIT_S
+) -> float:
+    """Wait for ``condition`` (polling the app between frames); fail after ``timeout``. Returns the wait."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.02)
+    return time.monotonic() - start
+
+
+def text(widget: Static) -> str:
+    return str(widget.content)
+
+
+def styles_of(widget: Static, needle: str) -> set[str]:
+    """The styles of the spans that cover ``needle`` in a widget's content."""
+    content = widget.content
+    assert isinstance(content, Content)
+    start = content.plain.index(needle)
+    end = start + len(needle)
+    return {str(span.style) for span in content.spans if span.start < end and span.end > start}
+
+
+def finish(bus: Bus, *records: TimingRecord) -> None:
+    for r in records:
+        bus.publish(RequestStarted(r))
+        if r.first_token_ns is not None:
+            bus.publish(FirstToken(r))
+        bus.publish(RequestDone(r))
+
+
+def retry_event() -> RetryEvent:
+    return RetryEvent(attempt=2, max_attempts=4, reason="429", status=429, wait_s=1.3,
+                      wait_source="Retry-After", error="rate limited")
+
+
+async def test_the_labels_show_the_figures() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        app.bus.publish(WarmupState("local", "warm", 1.5))
+        finish(app.bus, record(ttft_ms=40.0, total_ms=300.0), record(ttft_ms=60.0, total_ms=500.0),
+               record(ttft_ms=50.0, total_ms=400.0, reused=True, error="boom", error_kind="timeout"))
+        await until(pilot, lambda: "requests 3" in text(hud.stats), "the stats to count 3 requests")
+        stats = text(hud.stats)
+        assert "errors 1 · cancelled 0 · timeout 1" in stats
+        assert "cache 0 hit · 3 miss · 0% hits" in stats
+        assert "requests 3 · in flight 0 · retries 0" in stats
+        # p50 of TTFT over the two replies (the error is not charted): 50.0; p99 interpolated: 59.8
+        ttft_row = next(line for line in stats.splitlines() if line.startswith("TTFT"))
+        assert ttft_row.split()[1:] == ["50.0", "59.0", "59.8"]
+        ttft, total = text(hud.charts.label("ttft")), text(hud.charts.label("total"))
+        assert "60.0 ms" in ttft and "min 40.0 max 60.0" in ttft
+        assert "500 ms" in total and "min 300 max 500" in total
+        assert hud.charts.sparkline("total").data == [300.0, 500.0]
+        connection = text(hud.connection_panel)
+        assert "local · llmchat-local" in connection
+        assert "127.0.0.1:8000 · ● warm · ping 1.50 ms" in connection
+        waterfall = text(hud.waterfall)
+        assert waterfall.splitlines()[0] == "HTTP/2 · reused · timeout"  # not the 200 the stream began with
+        assert styles_of(hud.waterfall, "timeout") == {"$error"}
+        assert text(hud.pending_panel) == "idle"
+
+
+async def test_sla_colour_flips_when_ttft_crosses_the_target() -> None:
+    app = HudApp(UISettings(sla_ttft_ms=100.0, sla_total_ms=1000.0))
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        label = hud.charts.label("ttft")
+        finish(app.bus, record(ttft_ms=80.0, total_ms=2000.0))
+        await until(pilot, lambda: "80.0 ms" in text(label), "the first TTFT")
+        assert styles_of(label, "80.0 ms") == {"$success"}
+        assert styles_of(hud.waterfall, "80.0 ms") == {"$success"}
+        assert styles_of(hud.charts.label("total"), "2000 ms") == set()  # stream mode: TTFT is the SLA
+        finish(app.bus, record(ttft_ms=150.0, total_ms=400.0))
+        await until(pilot, lambda: "150 ms" in text(label), "the second TTFT")
+        assert styles_of(label, "150 ms") == {"$error"}
+        # Batch mode colours the total against sla_total_ms instead, and TTFT not at all.
+        hud.mode = "batch"
+        finish(app.bus, record(mode="batch", total_ms=1500.0))
+        total_label = hud.charts.label("total")
+        await until(pilot, lambda: "1500 ms" in text(total_label), "the batch total")
+        assert styles_of(total_label, "1500 ms") == {"$error"}
+        assert styles_of(label, "150 ms") == set()
+        finish(app.bus, record(mode="batch", total_ms=900.0))
+        await until(pilot, lambda: "900 ms" in text(total_label), "the second batch total")
+        assert styles_of(total_label, "900 ms") == {"$success"}
+
+
+async def test_the_retry_line_shows_while_a_retry_is_pending() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        r = record(t0_ns=time.perf_counter_ns())
+        r.first_token_ns = r.last_token_ns = r.end_ns = None
+        app.bus.publish(RequestStarted(r))
+        app.bus.publish(RetryPlanned(r, retry_event()))
+        line = "retry 2/4 in 1.3 s (429, Retry-After)"
+        await until(pilot, lambda: line in text(hud.stats), "the retry line")
+        assert "retries 1" in text(hud.stats)
+        assert styles_of(hud.stats, line) == {"$warning"}
+        r.first_token_ns = time.perf_counter_ns()
+        app.bus.publish(FirstToken(r))
+        await until(pilot, lambda: line not in text(hud.stats), "the retry line to go")
+        r.end_ns = time.perf_counter_ns()
+        app.bus.publish(RequestDone(r))
+        await until(pilot, lambda: "requests 1" in text(hud.stats), "the request to finish")
+
+
+async def test_the_stall_badge_after_stall_s_without_a_token() -> None:
+    stall_s = 0.2
+    app = HudApp(UISettings(stall_s=stall_s))
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        panel = hud.pending_panel
+        r = record(t0_ns=time.perf_counter_ns())
+        r.first_token_ns = r.last_token_ns = r.end_ns = None
+        started = time.perf_counter()
+        app.bus.publish(RequestStarted(r))
+        await until(pilot, lambda: "waiting" in text(panel), "the running timer")
+        await until(pilot, lambda: panel.stalled, "the stall badge")
+        assert time.perf_counter() - started >= stall_s  # never before stall_s has passed
+        assert "stall" in text(panel)
+        # A token arrives: the badge goes, the timer keeps running.
+        now = time.perf_counter_ns()
+        r.first_token_ns = r.last_token_ns = now
+        app.bus.publish(FirstToken(r))
+        app.bus.publish(Chunk(r, "hi", now))
+        await until(pilot, lambda: not panel.stalled, "the stall badge to go")
+        assert "waiting" in text(panel) and "stall" not in text(panel)
+        r.end_ns = time.perf_counter_ns()
+        app.bus.publish(RequestDone(r))
+        await until(pilot, lambda: text(panel) == "idle", "the pending line to go idle")
+
+
+async def test_the_timer_runs_while_pending() -> None:
+    app = HudApp(UISettings(stall_s=60.0))
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        r = record(t0_ns=time.perf_counter_ns() - 2_000_000_000)  # started 2 s ago
+        r.first_token_ns = r.last_token_ns = r.end_ns = None
+        app.bus.publish(RequestStarted(r))
+
+        def shown_s() -> float:
+            words = text(hud.pending_panel).split()
+            return float(words[1]) if words[0] == "waiting" else -1.0
+
+        await until(pilot, lambda: shown_s() >= 2.0, "the timer to count from the request's start")
+        first = shown_s()
+        assert first < 2.0 + WAIT_S
+        await until(pilot, lambda: shown_s() >= first + 0.3, "the timer to move on")
+        r.end_ns = time.perf_counter_ns()
+        app.bus.publish(RequestDone(r))
+        await until(pilot, lambda: text(hud.pending_panel) == "idle", "idle")
+
+
+async def test_the_waterfall_marks_new_and_reused_connections() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        finish(app.bus, record(reused=False))
+        await until(pilot, lambda: "new conn" in text(hud.waterfall), "a new connection")
+        rows = {line.split()[0]: line for line in text(hud.waterfall).splitlines()[1:]}
+        assert rows["connect"].split()[1:3] == ["1.30", "ms"]
+        assert rows["tls"].split()[1:3] == ["4.50", "ms"]
+        assert "█" in rows["total"] or "▉" in rows["total"]
+        finish(app.bus, record(reused=True))
+        await until(pilot, lambda: "reused" in text(hud.waterfall), "a reused connection")
+        rows = {line.split()[0]: line for line in text(hud.waterfall).splitlines()[1:]}
+        assert rows["connect"].split()[1:] == ["-"]
+        assert rows["tls"].split()[1:] == ["-"]
+        assert rows["send"].split()[1:3] == ["0.30", "ms"]
+
+
+async def test_the_detail_view_opens_and_closes() -> None:
+    app = HudApp()
+    async with app.run_test(size=(120, 50)) as pilot:
+        hud = app.query_one(Hud)
+        finish(app.bus, record(ttft_ms=40.0, total_ms=300.0), record(ttft_ms=70.0, total_ms=350.0))
+        await until(pilot, lambda: "requests 2" in text(hud.stats), "two requests")
+        hud.focus()
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, HudDetail), "the detail view")
+        chart = app.screen.query_one("#plot-ttft", PlotChart)
+        await until(pilot, lambda: "last 70.0 ms" in str(chart.content), "the TTFT chart")
+        assert "request" in str(chart.content)  # the x axis label
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HudDetail), "the detail view to close")
+
+
+async def test_the_ticker_sleeps_when_idle_and_coalesces_bursts() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        await until(pilot, lambda: not hud.ticking, "the ticker to sleep")
+        frames = hud.frames
+        # Chunks alone never wake it: they are a counter and a timestamp.
+        r = record()
+        for i in range(200):
+            app.bus.publish(Chunk(r, "x", i))
+        await pilot.pause(0.3)
+        assert hud.frames == frames and not hud.ticking
+        # A burst of 100 finished requests is painted in a frame or two, not a hundred.
+        finish(app.bus, *(record(total_ms=100.0 + i) for i in range(100)))
+        await until(pilot, lambda: "requests 100" in text(hud.stats), "the burst")
+        await until(pilot, lambda: not hud.ticking, "the ticker to sleep again")
+        assert 1 <= hud.frames - frames <= 3
+
+
+async def test_the_cost_line_shows_when_prices_are_configured() -> None:
+    prices = {"llmchat-local": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+    app = HudApp(UISettings(prices=prices))
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        assert "cost: no priced request yet" in text(hud.stats)
+        finish(app.bus, record(prompt_tokens=1000, output_tokens=500, usage_from_server=True))
+        await until(pilot, lambda: "cost ≈" in text(hud.stats), "the cost")
+        assert "cost ≈ $0.0020 · last $0.0020" in text(hud.stats)
+        finish(app.bus, record(prompt_tokens=None, usage_from_server=False))  # a server that sends no usage
+        await until(pilot, lambda: "cost ≥ $0.0020 · last ?" in text(hud.stats), "a lower bound")
+    plain = HudApp()
+    async with plain.run_test(size=(90, 50)):
+        assert "cost" not in text(plain.query_one(Hud).stats)
+
+
+async def test_render_lag_is_its_own_line() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        for ms in (2.0, 4.0, 6.0):
+            hud.metrics.observe_render_lag(ms)
+        await until(pilot, lambda: "p50" in text(hud.lag_line), "the render lag")
+        assert text(hud.lag_line) == "render lag p50 4.00 · p99 5.96 ms"
+        assert "render" not in text(hud.stats)
+
+
+async def test_the_hud_unsubscribes_when_it_goes() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        assert app.bus.wants(RequestDone)
+        await app.query_one(Hud).remove()
+        await pilot.pause()
+        assert not app.bus.wants(RequestDone) and not app.bus.wants(Chunk)
+
+
+async def test_the_shell_names_the_endpoint() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        app.bus.publish(WarmupState("groq", "warming"))
+        hud.provider, hud.model, hud.host = "openai", "gpt-4o-mini", "api.example:443"
+        await until(pilot, lambda: "openai · gpt-4o-mini" in text(hud.connection_panel), "the endpoint")
+        # Warm-up news about another provider says nothing about this one.
+        assert "api.example:443 · ● cold" in text(hud.connection_panel)
+        app.bus.publish(WarmupState("openai", "warming"))
+        await until(pilot, lambda: "● warming" in text(hud.connection_panel), "warming")
+        assert styles_of(hud.connection_panel, "● warming") == {"$warning"}

@@ -1,0 +1,106 @@
+"""What the HUD looks like, as SVG snapshots (pytest-textual-snapshot): fed fixed records, nothing in flight,
+so no clock reaches the picture. Update with ``pytest tests/test_hud_snapshots.py --snapshot-update`` and
+look at the SVGs under tests/__snapshots__/ before committing them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmchat.core._bus import Bus, FirstToken, RequestDone, RequestStarted, WarmupState
+from llmchat.core._retry import RetryEvent
+from llmchat.core._settings import UISettings
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.widgets.hud import Hud
+from textual.app import App, ComposeResult
+from textual.pilot import Pilot
+from timing_records import record
+
+PRICES = {"llmchat-local": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}
+
+
+class SnapshotApp(App[None]):
+    def __init__(self, ui: UISettings) -> None:
+        super().__init__()
+        self.bus = Bus()
+        self.ui = ui
+
+    def compose(self) -> ComposeResult:
+        yield Hud(bus=self.bus, ui=self.ui)
+
+
+def feed(bus: Bus, records: list[TimingRecord]) -> None:
+    for r in records:
+        bus.publish(RequestStarted(r))
+        if r.first_token_ns is not None:
+            bus.publish(FirstToken(r))
+        bus.publish(RequestDone(r))
+
+
+def stream_records() -> list[TimingRecord]:
+    usage: dict[str, Any] = {"prompt_tokens": 1200, "usage_from_server": True}
+    shape = [(62, 410), (48, 380), (55, 520), (140, 900), (51, 395), (230, 1210), (49, 402), (58, 450)]
+    out = [record(ttft_ms=ttft, total_ms=total, ttfb_ms=ttft - 15, reused=i > 0, **usage)
+           for i, (ttft, total) in enumerate(shape)]
+    out.insert(5, record(reused=True, error="localhost:8000 timed out", error_kind="timeout"))
+    out.insert(7, record(ttft_ms=3.0, total_ms=9.0, reused=True, cache_hit=True))
+    return out
+
+
+def batch_records() -> list[TimingRecord]:
+    retried = record(mode="batch", total_ms=2400.0, ttfb_ms=2300.0, tls=False, error="503 from the server",
+                     error_kind="server_error", status=503)
+    retried.http_version = "HTTP/1.1"
+    retried.retries = [RetryEvent(attempt=2, max_attempts=4, reason="503", status=503, wait_s=0.8,
+                                  wait_source="backoff", error="503")]
+    return [
+        record(mode="batch", total_ms=900.0, ttfb_ms=880.0),
+        record(mode="batch", total_ms=1800.0, ttfb_ms=1790.0, reused=True),
+        record(mode="batch", total_ms=4100.0, ttfb_ms=4050.0, reused=True),
+        record(mode="batch", total_ms=11.0, reused=True, cache_hit=True),
+        retried,
+    ]
+
+
+def stream_app() -> SnapshotApp:
+    return SnapshotApp(UISettings(prices=PRICES))
+
+
+async def fed_stream(pilot: Pilot[None]) -> None:
+    app = pilot.app
+    assert isinstance(app, SnapshotApp)
+    app.bus.publish(WarmupState("local", "warm", 0.84))
+    feed(app.bus, stream_records())
+    for ms in (1.8, 2.5, 3.1, 9.7):
+        app.query_one(Hud).metrics.observe_render_lag(ms)
+    app.query_one(Hud).paint()
+    await pilot.pause()
+
+
+async def fed_batch(pilot: Pilot[None]) -> None:
+    app = pilot.app
+    assert isinstance(app, SnapshotApp)
+    hud = app.query_one(Hud)
+    hud.mode = "batch"
+    hud.provider, hud.model, hud.host = "vllm", "Qwen2.5-7B-Instruct", "127.0.0.1:8001"
+    app.bus.publish(WarmupState("vllm", "failed", None, "connection refused"))
+    feed(app.bus, batch_records())
+    hud.paint()
+    await pilot.pause()
+
+
+def test_hud_in_stream_mode(snap_compare: Any) -> None:
+    assert snap_compare(stream_app(), terminal_size=(40, 40), run_before=fed_stream)
+
+
+def test_hud_in_batch_mode_after_a_failed_retry(snap_compare: Any) -> None:
+    assert snap_compare(SnapshotApp(UISettings()), terminal_size=(40, 40), run_before=fed_batch)
+
+
+def test_hud_detail_view(snap_compare: Any) -> None:
+    async def open_detail(pilot: Pilot[None]) -> None:
+        await fed_stream(pilot)
+        pilot.app.query_one(Hud).focus()
+        await pilot.press("d")
+        await pilot.pause()
+
+    assert snap_compare(stream_app(), terminal_size=(100, 36), run_before=open_detail)

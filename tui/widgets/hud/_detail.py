@@ -1,0 +1,96 @@
+"""The HUD's detail view: the four series of the last N requests as plotext charts with axes, in a modal.
+
+plotext draws to a string (``build()``); the string's ANSI colours become Rich Text in a Static. plotext keeps
+its figure in module state, so each chart is built whole, one at a time, on the event loop (a few ms each,
+only when the view opens or resizes).
+"""
+
+from __future__ import annotations
+
+import plotext  # type: ignore[import-untyped]  # no stubs or py.typed
+from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
+from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, figure
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+def plot(name: Series, values: list[float], width: int, height: int) -> str:
+    """The chart of one series as plotext's ANSI text, ``width`` x ``height`` cells (at least 20 x 6)."""
+    plotext.clear_figure()
+    plotext.theme("clear")
+    plotext.plotsize(max(width, 20), max(height, 6))
+    plotext.plot(list(range(1, len(values) + 1)), values, marker="hd")
+    plotext.title(f"{TITLES[name]} · last {figure(name, values[-1])}")
+    plotext.xlabel("request")
+    return str(plotext.build())
+
+
+class PlotChart(Static):
+    """One plotext chart, redrawn to its own size."""
+
+    def __init__(self, name: Series, values: list[float], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.series_name = name
+        self.values = values
+
+    def on_resize(self) -> None:
+        size = self.content_size
+        if not self.values:
+            self.update(Content.styled(f"{TITLES[self.series_name]}: no data yet", MUTED_STYLE))
+            return
+        text = Text.from_ansi(plot(self.series_name, self.values, size.width, size.height), no_wrap=True)
+        self.update(text, layout=False)
+
+
+class HudDetail(ModalScreen[None]):
+    """The four charts in a 2 x 2 grid over the app; Escape (or the key that opened it) closes it."""
+
+    DEFAULT_CSS = """
+    HudDetail {
+        align: center middle;
+    }
+    HudDetail > Vertical {
+        width: 90%;
+        height: 90%;
+        border: round $primary;
+        background: $surface;
+    }
+    HudDetail #hud-detail-grid {
+        grid-size: 2 2;
+        height: 1fr;
+    }
+    HudDetail PlotChart {
+        height: 1fr;
+        width: 1fr;
+    }
+    HudDetail #hud-detail-help {
+        height: 1;
+        color: $text-muted;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="hud.detail.close"),
+        Binding("d", "close", "Close", show=False),
+    ]
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
+        # A snapshot: the view shows the window as it was when opened, so the axes hold still while reading.
+        self.series = {name: metrics.series(name) for name in REQUEST_SERIES}
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            shown = max(map(len, self.series.values()))
+            yield Static(f"last {shown} requests · Esc closes", id="hud-detail-help")
+            with Grid(id="hud-detail-grid"):
+                for name in REQUEST_SERIES:
+                    yield PlotChart(name, self.series[name], id=f"plot-{name}")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,206 @@
+"""The HUD: the live latency side panel, composed of its parts and repainted on its own clock.
+
+Refresh policy (this runs while tokens stream): bus callbacks only feed ``Metrics``, whose listener wakes
+the HUD's ticker if it sleeps. The ticker runs at most ``refresh_hz`` times a second, repaints only the parts
+whose figures changed (per-topic versions in ``Metrics``), repaints the pending timer only while a request
+is in flight, and pauses itself once there is nothing left to show: an idle HUD costs nothing. Every part has
+a fixed height and is updated with ``layout=False``, so no repaint re-lays out the screen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from llmchat.core._bus import Bus
+from llmchat.core._metrics import Metrics, prices_from_settings
+from llmchat.core._settings import UISettings
+from llmchat.tui.widgets.hud._charts import HudCharts
+from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
+from llmchat.tui.widgets.hud._detail import HudDetail
+from llmchat.tui.widgets.hud._figures import Sla, sla_for
+from llmchat.tui.widgets.hud._lag import RenderLagLine
+from llmchat.tui.widgets.hud._pending import PendingPanel
+from llmchat.tui.widgets.hud._stats import HudStats
+from llmchat.tui.widgets.hud._waterfall import Waterfall
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.reactive import reactive
+from textual.timer import Timer
+from textual.widgets import Static
+
+
+class Hud(VerticalScroll, can_focus=True):
+    """The side panel. Give it the client's ``bus`` (it feeds its own ``Metrics`` while mounted) or a
+    ``metrics`` fed elsewhere (then it only reads). ``mode`` ("stream" | "batch") picks the SLA it colours;
+    ``provider``, ``model`` and ``host`` name the endpoint in the connection lines."""
+
+    DEFAULT_CSS = """
+    Hud {
+        width: 40;
+        height: 1fr;
+        padding: 0 1;
+        scrollbar-size-vertical: 1;
+    }
+    Hud > .hud-title {
+        height: 1;
+        margin-top: 1;
+        color: $text-muted;
+        text-style: bold;
+    }
+    Hud > .hud-title.-first {
+        margin-top: 0;
+    }
+    """
+
+    BINDINGS = [Binding("d", "detail", "Latency charts", id="hud.detail")]
+
+    mode: reactive[str] = reactive("stream")
+    provider: reactive[str] = reactive("")
+    model: reactive[str] = reactive("")
+    host: reactive[str] = reactive("")
+
+    def __init__(
+        self,
+        *,
+        bus: Bus | None = None,
+        metrics: Metrics | None = None,
+        ui: UISettings | None = None,
+        refresh_hz: float = 10.0,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        """``refresh_hz`` caps repaints per second (ValueError unless positive)."""
+        super().__init__(name=name, id=id, classes=classes)
+        if refresh_hz <= 0:
+            raise ValueError("refresh_hz must be positive")
+        self.ui = ui or UISettings()
+        self.metrics = metrics or Metrics(self.ui.hud_history, prices=prices_from_settings(self.ui.prices))
+        self._bus = bus
+        self._interval = 1.0 / refresh_hz
+        self._ticker: Timer | None = None
+        self._ticking = False
+        self._offs: list[Callable[[], None]] = []
+        # The versions each part last painted; -1 forces the first paint.
+        self._seen = {"requests": -1, "done": -1, "connection": -1, "render": -1}
+        self._was_pending = False
+        self._retry_shown: str | None = None
+        self.frames = 0
+        """How many ticks repainted something: for benchmarks and tests of the refresh policy."""
+
+        self.connection_panel = ConnectionPanel(id="hud-connection")
+        self.pending_panel = PendingPanel(id="hud-pending")
+        self.charts = HudCharts(id="hud-charts")
+        self.waterfall = Waterfall(id="hud-waterfall")
+        self.stats = HudStats(with_cost=bool(self.metrics.prices), id="hud-stats")
+        self.lag_line = RenderLagLine(id="hud-lag")
+
+    def compose(self) -> ComposeResult:
+        yield Static("connection", classes="hud-title -first")
+        yield self.connection_panel
+        yield self.pending_panel
+        yield Static(f"last {self.metrics.window} requests", classes="hud-title")
+        yield self.charts
+        yield Static("last request", classes="hud-title")
+        yield self.waterfall
+        yield Static("figures", classes="hud-title")
+        yield self.stats
+        yield self.lag_line
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        if self._bus is not None:
+            self._offs.append(self.metrics.subscribe(self._bus))
+        self._offs.append(self.metrics.add_listener(self.wake))
+        self._ticker = self.set_interval(self._interval, self._tick, pause=True, name="hud-ticker")
+        self.paint()
+
+    def on_unmount(self) -> None:
+        for off in self._offs:
+            off()
+        self._offs.clear()
+
+    # -- reactives ---------------------------------------------------------------------------------------
+    @property
+    def sla(self) -> Sla:
+        """The target coloured now: TTFT against ``ui.sla_ttft_ms`` in stream mode, total in batch."""
+        return sla_for(self.mode, self.ui)
+
+    def watch_mode(self) -> None:
+        self._seen["requests"] = self._seen["done"] = -1  # the SLA colours change everywhere
+        self.wake()
+
+    def watch_provider(self) -> None:
+        self._seen["connection"] = -1
+        self.wake()
+
+    watch_model = watch_host = watch_provider
+
+    # -- refresh policy ------------------------------------------------------------------------------------
+    @property
+    def ticking(self) -> bool:
+        """Whether the repaint ticker runs; it sleeps whenever there is nothing new to show."""
+        return self._ticking
+
+    def wake(self) -> None:
+        """Something changed: make sure the ticker runs (it repaints within one interval, then sleeps)."""
+        if self._ticker is not None and not self._ticking:
+            self._ticking = True
+            self._ticker.resume()
+
+    def _tick(self) -> None:
+        painted = self.paint()
+        if not painted and not self._was_pending:
+            self._ticking = False
+            if self._ticker is not None:
+                self._ticker.pause()
+
+    def paint(self, now_ns: int | None = None) -> bool:
+        """Repaint the parts whose figures changed, and the pending line while a request is in flight (and
+        once more after, to clear it). Returns whether anything was repainted. ``now_ns`` (perf_counter_ns)
+        is for tests that freeze the clock."""
+        m, seen = self.metrics, self._seen
+        painted = False
+        sla = self.sla
+        if seen["done"] != m.done_version:
+            seen["done"] = m.done_version
+            self.charts.show(m, sla)
+            self.waterfall.show(m.last, sla)
+            if not (self.provider and self.model and self.host):
+                seen["connection"] = -1  # the last record may name what the shell did not
+            painted = True
+        if seen["connection"] != m.connection_version:
+            seen["connection"] = m.connection_version
+            last = m.last
+            endpoint = Endpoint(
+                self.provider or (last.provider if last else ""),
+                self.model or (last.model if last else ""),
+                self.host or (last.host if last else ""),
+            )
+            self.connection_panel.show(endpoint, m.connection)
+            painted = True
+        retry = m.pending_retry  # it ends when the next attempt's headers come, which is not an event
+        if seen["requests"] != m.requests_version or retry != self._retry_shown:
+            seen["requests"] = m.requests_version
+            self._retry_shown = retry
+            self.stats.show(m, sla)
+            painted = True
+        if seen["render"] != m.render_version:
+            seen["render"] = m.render_version
+            self.lag_line.show(m)
+            painted = True
+        pending = m.in_flight > 0
+        if pending or self._was_pending:
+            self.pending_panel.show(m, time.perf_counter_ns() if now_ns is None else now_ns, self.ui.stall_s)
+            painted = True
+        self._was_pending = pending
+        if painted:
+            self.frames += 1
+        return painted
+
+    # -- actions -------------------------------------------------------------------------------------------
+    def action_detail(self) -> None:
+        """Open the detail view: the four series as charts with axes."""
+        self.app.push_screen(HudDetail(self.metrics))

@@ -1,0 +1,138 @@
+"""The last request's waterfall: where its time went, phase by phase, on one time axis.
+
+Each row's bar sits where that phase happened between t0 and the end, so the bars tile the request. The
+figures are the standard ones (TTFB and TTFT count from t0, as everywhere in llmchat); the bars of TTFB, TTFT
+and streaming are the stretch in which that milestone was reached: waiting for the server after sending,
+waiting for the first token after the headers, and receiving the rest.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, Sla, ms
+from textual.content import Content
+from textual.widgets import Static
+
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+_NAME_W = 8
+_VALUE_W = 9
+#: Header plus one row per phase.
+ROWS = 9
+
+
+class _Row(NamedTuple):
+    name: str
+    value_ms: float | None
+    start_ns: int | None
+    end_ns: int | None
+    style: str
+
+
+def bar(start: float, end: float, width: int) -> str:
+    """A bar from ``start`` to ``end`` (fractions 0..1 of the axis) in ``width`` cells, eighth-cell precise
+    at its end; at least a sliver when the phase took any time at all."""
+    start = min(max(start, 0.0), 1.0)
+    end = min(max(end, start), 1.0)
+    lead = int(start * width)
+    eighths = round(end * width * 8) - lead * 8
+    if eighths <= 0:
+        eighths = 1 if end > start else 0
+    full, part = divmod(eighths, 8)
+    text = " " * lead + "█" * full + (_EIGHTHS[part] if part else "")
+    return text[:width]
+
+
+def _rows(record: TimingRecord, sla: Sla | None) -> list[_Row]:
+    p = record.phases
+    if record.error is not None or record.cancelled or record.cache_hit:
+        sla = None  # the target is about replies from the network; a failure is red in the header instead
+    pool_end = p.connect_start_ns if p.connect_start_ns is not None else p.send_start_ns
+    sent = p.send_end_ns if p.send_end_ns is not None else p.send_start_ns
+    first, end = record.first_token_ns, record.end_ns
+    stream = record.mode == "stream"
+    streaming_ms = None if first is None or end is None else (end - first) / 1e6
+    ttft_style = sla.style("ttft", record.ttft_ms) if sla else ""
+    total_style = sla.style("total", record.total_ms) if sla else ""
+    return [
+        _Row("pool", record.pool_wait_ms, p.start_ns if pool_end is not None else None, pool_end, ""),
+        _Row("connect", record.connect_ms, p.connect_start_ns, p.connect_end_ns, ""),
+        _Row("tls", record.tls_ms, p.tls_start_ns, p.tls_end_ns, ""),
+        _Row("send", record.send_ms, p.send_start_ns, p.send_end_ns, ""),
+        _Row("ttfb", record.ttfb_ms, sent, p.headers_ns, ""),
+        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first, ttft_style),
+        _Row("stream", streaming_ms if stream else None, first, end, ""),
+        _Row("total", record.total_ms, record.t0_ns, end, total_style),
+    ]
+
+
+def header(record: TimingRecord) -> Content:
+    """``HTTP/2 · reused · 200 · 1 retry``: the protocol, the connection (or the cache), then the status; for
+    a failure without an error status (a timeout, a cut stream) the error kind instead, in red."""
+    parts: list[str | tuple[str, str]] = [record.http_version or "-", " · "]
+    if record.cache_hit:
+        parts.append(("cache hit", "$success"))
+    elif record.connection_reused:
+        parts.append("reused")
+    else:
+        parts.append(("new conn", WARN_STYLE))
+    failed = record.error is not None or (record.error_kind is not None and not record.cancelled)
+    if record.cancelled:
+        outcome: str | None = "cancelled"
+    elif failed and not (record.status is not None and record.status >= 400):
+        outcome = record.error_kind or "error"  # a 200 cut mid-stream: the status would say all was well
+    else:
+        outcome = None if record.status is None else str(record.status)
+    if outcome:
+        parts += [" · ", (outcome, MISS_STYLE if failed else MUTED_STYLE if record.cancelled else "")]
+    if record.retries:
+        n = len(record.retries)
+        parts += [" · ", (f"{n} retr{'y' if n == 1 else 'ies'}", WARN_STYLE)]
+    return Content.assemble(*parts)
+
+
+def render_waterfall(record: TimingRecord | None, width: int, sla: Sla | None) -> Content:
+    """The waterfall of ``record`` in ``width`` cells: a header line, then one line per phase; a phase that
+    did not happen (no connect on a reused connection, no TTFT in batch mode) shows ``-`` and no bar."""
+    if record is None:
+        return Content.styled("no request yet", MUTED_STYLE)
+    bar_w = max(width - _NAME_W - _VALUE_W - 1, 4)
+    t0 = record.t0_ns
+    span = (record.end_ns or t0) - t0
+    lines: list[Content] = [header(record)]
+    for row in _rows(record, sla):
+        cells: list[str | tuple[str, str]] = [
+            f"{row.name:<{_NAME_W}}",
+            (f"{ms(row.value_ms):>{_VALUE_W}}", row.style),
+        ]
+        if row.value_ms is not None and row.start_ns is not None and row.end_ns is not None and span > 0:
+            drawn = bar((row.start_ns - t0) / span, (row.end_ns - t0) / span, bar_w)
+            cells += [" ", (drawn, row.style or "$primary")]
+        lines.append(Content.assemble(*cells))
+    return Content("\n").join(lines)
+
+
+class Waterfall(Static):
+    """The waterfall of the last finished request, repainted with ``show`` (never a re-layout)."""
+
+    DEFAULT_CSS = f"""
+    Waterfall {{
+        height: {ROWS};
+        text-wrap: nowrap;
+        text-overflow: clip;
+    }}
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(render_waterfall(None, 30, None), id=id)
+        self._shown: tuple[TimingRecord | None, Sla | None] = (None, None)
+
+    def show(self, record: TimingRecord | None, sla: Sla | None) -> None:
+        """Paint ``record``'s waterfall, coloured against ``sla``."""
+        self._shown = (record, sla)
+        self.update(render_waterfall(record, self.content_size.width or 30, sla), layout=False)
+
+    def on_resize(self) -> None:
+        # The bars are drawn to the width, so a new width needs new bars (the height is fixed).
+        self.show(*self._shown)
