@@ -290,7 +290,7 @@ class LoadRun:
                 self.pool_sizes[name] = clients[name].endpoint.http.max_connections
             first = clients[self.configs[0]]
             self.base_url = first.endpoint.base_url
-            self.model = self.model or first.model or await _first_model(first)
+            self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models")
             for slice_no, name in interleave(self.configs, self.scenario.slices, self.scenario.seed):
                 if self.on_slice is not None:
                     self.on_slice(slice_no, name)
@@ -373,9 +373,15 @@ class LoadRun:
             self.on_sample(sample)
 
 
-async def _first_model(client: ChatClient) -> str:
-    # An APIError here (refused, 401 ...) is raised as it is: its one line says more than "pass --model".
-    offered = await client.models()
+async def _first_model(target: Target, cache_dir: str) -> str:
+    # Asked on a client of its own: on a configuration's client the lookup would open a connection that
+    # configuration then reuses and the others do not. An APIError here (refused, 401 ...) is raised as it
+    # is: its one line says more than "pass --model".
+    client = make_client("base", target, cache_dir)
+    try:
+        offered = await client.models()
+    finally:
+        await client.aclose()
     if not offered:
         raise UsageError(f"no model given and {client.endpoint.hostport} lists none; pass --model")
     return offered[0]
