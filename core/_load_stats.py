@@ -85,6 +85,8 @@ class ConfigStats:
     reused: int
     on_wire: int
     """Requests that reached the server (not cache hits, not failed before a response)."""
+    setup_ms: float
+    """Time spent opening connections, all requests together: TCP connect plus TLS handshake."""
     retries: int
     cache_hits: int
     long_prompts: int
@@ -149,6 +151,8 @@ class ConfigStats:
             "http_versions": dict(self.http_versions),
             "http_version": self.http_version,
             "connections_reused": self.reused,
+            "connections_opened": self.on_wire - self.reused,
+            "connection_setup_ms_total": round(self.setup_ms, 3),
             "requests_on_wire": self.on_wire,
             "retries": self.retries,
             "cache_hits": self.cache_hits,
@@ -203,6 +207,7 @@ def summarize(
         http_versions=dict(Counter(r.http_version for r in wire).most_common()),
         reused=sum(1 for r in wire if r.connection_reused),
         on_wire=len(wire),
+        setup_ms=sum((r.connect_ms or 0.0) + (r.tls_ms or 0.0) for r in wire),
         retries=sum(len(r.retries) for r in records),
         cache_hits=sum(1 for r in records if r.cache_hit),
         long_prompts=long_prompts,

@@ -196,7 +196,9 @@ def test_compare_shows_http_versions_reuse_and_a_new_connection_per_nopool_reque
     # Each pool starts cold: the model lookup before the run does not leave the first one a warm connection.
     assert all(stats[c]["connections_reused"] < 20 for c in ("h1", "h2"))
     nopool = [r for r in data["requests"] if r["config"] == "nopool"]
-    assert len(nopool) == 20
+    assert len(nopool) == 20 and stats["nopool"]["connections_opened"] == 20
+    assert stats["nopool"]["connection_setup_ms_total"] == pytest.approx(
+        sum(r["connect_ms"] for r in nopool), abs=0.02)
     assert all(not r["connection_reused"] and r["connect_ms"] is not None for r in nopool)
     # Interleaved: 5 slices of each, every slice of a configuration a block of its own in the run order.
     blocks = [(r["slice"], r["config"]) for r in data["requests"]]
@@ -222,6 +224,21 @@ def test_max_connections_sizes_the_pool(capsys, tmp_path, server_factory: Factor
     assert 1 <= len(opened) <= 2  # four users share two kept-alive connections
     assert max(r["pool_wait_ms"] for r in data["requests"]) > 0
     assert "pool: 2 connections" in out and "pool wait ms" in out
+
+
+def test_compare_over_tls_negotiates_h2_by_alpn_and_counts_handshakes(
+    capsys, tmp_path, tls_server, monkeypatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", tls_server.cert_path)
+    data, out = bench_json(capsys, tmp_path, "--base-url", tls_server.base_url, "--compare", "h2,h1,nopool",
+                           "--users", "2", "--requests", "10", "--max-tokens", "2")
+    stats = by_config(data)
+    assert [stats[c]["http_version"] for c in ("h2", "h1", "nopool")] == ["HTTP/2", "HTTP/1.1", "HTTP/1.1"]
+    nopool = [r for r in data["requests"] if r["config"] == "nopool"]
+    assert all(r["tls_ms"] is not None and r["tls_ms"] > 0 for r in nopool)
+    assert stats["nopool"]["connection_setup_ms_total"] == pytest.approx(
+        sum(r["connect_ms"] + r["tls_ms"] for r in nopool), abs=0.02)
+    assert stats["h2"]["connections_opened"] < stats["nopool"]["connections_opened"] == 10
 
 
 def test_same_prompts_under_each_configuration(capsys, tmp_path, local_server) -> None:

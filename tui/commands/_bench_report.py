@@ -64,6 +64,8 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     rows.append(["HTTP", "", *(s.http_version for s in stats)])
     rows.append(["conn. reused", "", *(_pct(None if s.reused_ratio is None else s.reused_ratio * 100)
                                        for s in stats)])
+    rows.append(["conn. opened", "", *(str(s.on_wire - s.reused) for s in stats)])
+    rows.append(["conn. setup ms", "", *(fmt_ms(s.setup_ms) for s in stats)])
     rows.append(["retries", "", *(str(s.retries) for s in stats)])
     rows.append(["cache hits", "", *(str(s.cache_hits) for s in stats)])
     rows.append(["wall s", "", *(f"{s.wall_s:.2f}" for s in stats)])
