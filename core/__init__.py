@@ -5,10 +5,19 @@ Nothing here imports Textual; the faces in ``llmchat.tui`` talk to the engine th
 
 from __future__ import annotations
 
+from llmchat.core._attribution import (
+    Attribution,
+    Part,
+    attribute,
+    format_shares,
+    part_samples,
+    shares_over,
+)
 from llmchat.core._batcher import MicroBatcher
 from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
 from llmchat.core._cache import ReplyCache
 from llmchat.core._client import ChatClient, ChatReply, ChatStream
+from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._config import (
     ResolvedProvider,
     default_config_path,
@@ -35,6 +44,7 @@ from llmchat.core._errors import (
     UsageError,
 )
 from llmchat.core._retry import RetryEvent
+from llmchat.core._server_metrics import parse_server_metrics, scrape_server_metrics
 from llmchat.core._settings import (
     BatchSettings,
     CacheSettings,
@@ -55,6 +65,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "APIError",
+    "Attribution",
     "AuthError",
     "BatchSettings",
     "Bus",
@@ -64,6 +75,7 @@ __all__ = [
     "ChatReply",
     "ChatStream",
     "Chunk",
+    "ColdStartDetector",
     "ConfigError",
     "ConnectError",
     "DisconnectedError",
@@ -75,6 +87,7 @@ __all__ = [
     "LogSettings",
     "MicroBatcher",
     "NotFoundError",
+    "Part",
     "Phases",
     "ProtocolError",
     "ProviderSettings",
@@ -100,9 +113,15 @@ __all__ = [
     "Warmer",
     "WarmupState",
     "__version__",
+    "attribute",
     "default_config_path",
+    "format_shares",
     "load_settings",
     "mask_secret",
+    "parse_server_metrics",
+    "part_samples",
     "percentile",
     "resolve_provider",
+    "scrape_server_metrics",
+    "shares_over",
 ]

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from llmchat.core import ChatClient, Settings, load_settings
+from llmchat.core import ChatClient, Settings, attribute, format_shares, load_settings
 from llmchat.core._errors import APIError, UsageError
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.commands._provider import offline_default
@@ -31,8 +31,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--temperature", type=float, help="sampling temperature (0 makes batch replies cacheable)")
     p.add_argument("--seed", type=int, help="a fixed seed (makes batch replies cacheable)")
     p.add_argument("--http1", action="store_true", help="use HTTP/1.1 only (no HTTP/2)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: the reply and its timing record")
-    p.add_argument("--stats", action="store_true", help="print a one-line timing summary to stderr")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the reply, its timing record and where the time went "
+                   "(attribution)")
+    p.add_argument("--stats", action="store_true",
+                   help="print a timing summary and where the time went (network, server, client) to stderr")
     p.set_defaults(func=run)
 
 
@@ -94,10 +97,15 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         obj: dict[str, Any] = {"reply": text}
         if record is not None:
             obj.update(record.summary())
+            obj["attribution"] = attribute(record).to_dict()
         obj["error"] = None if error is None else str(error)
         out.write(json.dumps(obj, ensure_ascii=False) + "\n")
     out.flush()
     if args.stats and record is not None:
+        # The split first: scripts read the timing line as the last one.
+        split = format_shares(attribute(record))
+        if split:
+            print(f"llmchat: {split}", file=sys.stderr)
         print(stats_line(record), file=sys.stderr)
     if error is not None:
         print(f"llmchat: {error}", file=sys.stderr)
