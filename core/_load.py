@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmchat.core._bus import Bus
 from llmchat.core._client import ChatClient
 from llmchat.core._errors import APIError, LLMChatError, UsageError
 from llmchat.core._load_prompts import PromptPlan
@@ -156,6 +157,8 @@ class Target:
     model: str | None = None
     max_connections: int | None = None
     """Size every pool to this many connections, kept alive alike (nopool keeps none and has no limit)."""
+    bus: Bus | None = None
+    """One bus for every configuration's client (``--metrics-port`` watches it); None gives each its own."""
 
 
 @dataclass(slots=True)
@@ -200,7 +203,7 @@ def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
     settings = dataclasses.replace(settings, cache=cache)
     retry = dataclasses.replace(settings.retry, max_attempts=1) if "noretry" in parts else None
     client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
-                        http2=target.http2, retry=retry)
+                        http2=target.http2, retry=retry, bus=target.bus)
     http = client.endpoint.http
     if target.max_connections is not None:
         http = dataclasses.replace(http, max_connections=target.max_connections,

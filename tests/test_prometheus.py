@@ -362,3 +362,32 @@ def test_every_metric_the_alert_rules_use_is_exported(local_server: RunningServe
         for family in registry.collect():
             exposed |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     assert queried and queried <= exposed, queried - exposed
+
+
+# --- llmchat bench --metrics-port ---------------------------------------------------------------------------
+
+
+async def test_a_load_run_with_a_shared_bus_exports_every_configuration(local_server: RunningServer) -> None:
+    from llmchat.core._load import LoadRun, Scenario, Target
+
+    bus = Bus()
+    with start_exporter(bus, 0) as exporter:
+        target = Target(base_url=local_server.base_url, http2="h2c", model=MODEL, bus=bus)
+        load = LoadRun(Scenario(users=2, requests=4, max_tokens=8), ["h2", "h1"], target)
+        await load.run()
+        samples = await asyncio.to_thread(scrape, exporter.url)
+    assert value(samples, "llmchat_requests_total", outcome="ok", mode="stream") == 8
+    assert value(samples, "llmchat_request_ttft_seconds_count") == 8
+    assert value(samples, "llmchat_requests_in_flight") == 0
+
+
+def test_bench_metrics_port_announces_where_and_runs(
+    local_server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmchat.tui.cli import main
+
+    code = main(["bench", "--quiet", "--base-url", local_server.base_url, "--model", MODEL, "--requests", "3",
+                 "--users", "1", "--max-tokens", "4", "--metrics-port", "0"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert re.search(r"^llmchat: metrics on http://127\.0\.0\.1:\d+/metrics$", err, flags=re.M), err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-from llmchat.core import __version__, load_settings
+from llmchat.core import Bus, __version__, load_settings
 from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
 from llmchat.core._load_stats import SLO, ConfigStats, compare_rows, summarize
+from llmchat.core._prometheus import start_exporter
 from llmchat.core._timing import percentile
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands._provider import offline_default
@@ -78,6 +80,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--base-url", help="an OpenAI-compatible API root instead (e.g. http://127.0.0.1:8000/v1)")
     a("--model", help="the model (default: the provider's, else the first the server lists)")
     a("--quiet", action="store_true", help="no progress line")
+    a("--metrics-port", type=int, metavar="PORT", help="serve the run's Prometheus metrics at "
+      "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)")
     p.set_defaults(func=run)
 
 
@@ -119,9 +123,15 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty())
     interrupted = False
-    with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (url, http2, model):
+    bus = Bus() if args.metrics_port is not None else None
+    with contextlib.ExitStack() as stack:
+        if bus is not None:
+            exporter = stack.enter_context(start_exporter(bus, args.metrics_port))
+            print(f"llmchat: metrics on {exporter.url}", file=sys.stderr)
+        url, http2, model = stack.enter_context(
+            offline_default(settings, args.provider, args.base_url, quiet=args.quiet))
         target = Target(settings=settings, provider=args.provider, base_url=url, http2=http2,
-                        model=args.model or model, max_connections=args.max_connections)
+                        model=args.model or model, max_connections=args.max_connections, bus=bus)
         load = LoadRun(scenario, configs, target, on_sample=progress.sample, on_slice=progress.slice)
         try:
             asyncio.run(_drive(load, progress))
