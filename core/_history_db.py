@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter_ns, sleep
 from typing import Any, TypeVar, cast
 
 from llmchat.core._errors import LLMChatError
@@ -132,6 +133,23 @@ def _private_file(path: Path, *, private_folder: bool) -> None:
         os.close(fd)
 
 
+def _enable_wal(conn: sqlite3.Connection, budget_ns: int = 5_000_000_000) -> None:
+    """Switches the file to WAL, retrying for up to ``budget_ns`` while another connection holds it.
+
+    The switch needs the file to itself, and SQLite reports "locked" at once, without its busy handler, when
+    another llmchat opens the same new file at the same moment.
+    """
+    start = perf_counter_ns()
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or perf_counter_ns() - start > budget_ns:
+                raise
+            sleep(0.005)
+
+
 class Database:
     """One connection to the history file. Every method runs on the store's thread and may raise
     ``sqlite3.Error`` or ``OSError``; :meth:`guard` turns those into one-line :class:`HistoryError`."""
@@ -170,11 +188,13 @@ class Database:
                     f" up to {len(MIGRATIONS)}); upgrade llmchat, or move the file aside to start a new"
                     " history"
                 )
-            conn.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(conn)
             # NORMAL in WAL mode: a commit survives the process being killed; only power loss can undo it.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-            self._migrate(conn)
+            if version < len(MIGRATIONS):
+                # Only then take the write lock: an up-to-date file opens without waiting on other writers.
+                self._migrate(conn)
         except BaseException:
             conn.close()
             raise

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
+
 from llmchat.core import CacheSettings, ChatClient, ProviderSettings, Settings, _history_db
 from llmchat.core._history import (
     MIGRATIONS,
@@ -130,6 +131,20 @@ async def test_migrations_run_once_and_upgrade_an_older_file(
             assert (await store.load(conv)).title == "from v1"
     assert peek(db, "PRAGMA user_version") == [(2,)]
     assert peek(db, "SELECT COUNT(*) FROM extra") == [(1,)]
+
+
+async def test_two_windows_open_a_new_file_at_once_and_share_it(db: Path) -> None:
+    first, second = HistoryStore(db), HistoryStore(db)
+    await asyncio.wait_for(asyncio.gather(first.open(), second.open()), 10)  # each migrates on its own thread
+    try:
+        conv = await first.new_conversation(title="shared")
+        await second.add_user_message(conv, "from the other window")
+        assert [m.content for m in (await first.load(conv)).messages] == ["from the other window"]
+        assert await second.last_conversation_id() == conv
+    finally:
+        await first.aclose()
+        await second.aclose()
+    assert peek(db, "PRAGMA user_version") == [(1,)]
 
 
 async def test_a_failed_migration_leaves_the_file_at_its_version(
