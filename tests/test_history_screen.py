@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llmchat.core._history import HistoryStore
-from llmchat.tui.screens.history import HistoryScreen, when
 from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
+
+from llmchat.core._history import HistoryStore
+from llmchat.tui.screens.history import HistoryScreen, when
 
 WAIT_S = 5.0
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from llmchat.core._history import ConversationInfo, HistoryError, HistoryStore
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -23,6 +22,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
+
+from llmchat.core._history import ConversationInfo, HistoryError, HistoryStore
 
 
 def when(wall: float, now: float) -> str:
