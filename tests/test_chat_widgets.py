@@ -1,0 +1,498 @@
+"""The conversation widgets in a tiny app (Pilot): streaming replies, frames, following, the prompt.
+
+Streams here append a burst and then wait for the frame that paints it (the ``RenderLag`` message, or
+``wait_final``), so the app goes idle between steps; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from time import perf_counter_ns
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.segment import Segment
+from textual.app import App, ComposeResult
+from textual.strip import Strip
+
+from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
+from llmchat.tui.widgets.chat._blocks import BlockStream, new_parser, split_blocks
+from llmchat.tui.widgets.chat._document import MarkdownDocument
+from llmchat.tui.widgets.chat._render import MarkdownRenderer, Palette
+
+WAIT_S = 10.0
+
+REPLY = """# Report 日本語
+
+Streaming **works** with `inline code`, *emphasis*, emoji 🚀✨ and CJK 中文字符 in one paragraph that is
+long enough to wrap at the widths these tests use, so wrapping is exercised too.
+
+```python
+def handler(request):
+    note = '''spans
+two lines'''
+    return {"ok": True, "note": note}
+```
+
+| Stage | p50 ms | Note |
+|---|---:|---|
+| connect | 12.5 | fast ✅ |
+| first token | 212.0 | 速い |
+
+- one item
+- two items with `code`
+
+> a quote at the end
+"""
+
+
+def tokens(text: str, size: int = 3) -> list[str]:
+    """``text`` cut into deltas of ``size`` characters (cuts land inside words, fences and table rows)."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class ChatApp(App[None]):
+    """A conversation and a prompt, recording the messages the widgets post."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lags: list[float] = []
+        self.lag_posted = asyncio.Event()
+        self.submitted: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Conversation()
+        yield PromptInput()
+
+    def on_chat_message_render_lag(self, event: ChatMessage.RenderLag) -> None:
+        self.lags.append(event.ms)
+        self.lag_posted.set()
+
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        self.submitted.append(event.text)
+
+    async def next_frame(self) -> None:
+        """Wait until a reply reports a painted frame."""
+        self.lag_posted.clear()
+        await asyncio.wait_for(self.lag_posted.wait(), WAIT_S)
+
+
+async def until(condition: Callable[[], bool], pilot: object) -> None:
+    """Let the app run until ``condition()`` holds; fail after WAIT_S."""
+
+    async def poll() -> None:
+        while not condition():
+            await pilot.pause(0.01)  # type: ignore[attr-defined]
+
+    await asyncio.wait_for(poll(), WAIT_S)
+
+
+async def stream(message: ChatMessage, text: str, size: int = 3) -> None:
+    for delta in tokens(text, size):
+        message.append(delta)
+        await asyncio.sleep(0)
+
+
+# -- streaming and the final render
+
+
+async def test_streamed_reply_shows_everything_and_matches_a_reply_rendered_whole() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(90, 60)) as pilot:
+        conversation = app.query_one(Conversation)
+        streamed = conversation.add_assistant()
+        await pilot.pause()
+        await stream(streamed, REPLY)
+        streamed.finish(status="done", note="TTFT 212 ms · 70 tok/s · HTTP/2")
+        whole = conversation.add_assistant(REPLY, status="done", note="TTFT 212 ms · 70 tok/s · HTTP/2")
+        await asyncio.wait_for(streamed.wait_final(), WAIT_S)
+        await asyncio.wait_for(whole.wait_final(), WAIT_S)
+        await pilot.pause()
+        text = streamed.rendered_text()
+        for expected in (
+            "Report 日本語",
+            "inline code",
+            "🚀✨",
+            "中文字符",
+            "def handler(request):",
+            "two lines'''",
+            'return {"ok": True, "note": note}',
+            "first token",
+            "速い",
+            "two items with code",
+            "a quote at the end",
+            "TTFT 212 ms · 70 tok/s · HTTP/2",
+        ):
+            assert expected in text, expected
+        assert "```" not in text and "|---" not in text
+        assert streamed.text == REPLY
+        width = streamed.content_size.width
+        assert streamed.lines_for(width) == whole.lines_for(width)
+        assert streamed.renders >= 1
+
+
+async def test_a_stream_cut_mid_fence_ends_as_a_correct_code_block() -> None:
+    cut = "Here is the start:\n\n```python\nx = '''first\nsecond'''\ny = 2"
+    app = ChatApp()
+    async with app.run_test(size=(70, 30)) as pilot:
+        conversation = app.query_one(Conversation)
+        message = conversation.add_assistant()
+        await pilot.pause()
+        # One delta per line, each painted, so the fence is highlighted in batches that split the string.
+        for line in cut.splitlines(keepends=True):
+            message.append(line)
+            await app.next_frame()
+        message.finish(status="cancelled", note="2 tokens")
+        reference = conversation.add_assistant(cut + "\n```\n", status="cancelled", note="2 tokens")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await asyncio.wait_for(reference.wait_final(), WAIT_S)
+        await pilot.pause()
+        width = message.content_size.width
+        lines = message.lines_for(width)
+        assert lines == reference.lines_for(width)
+        texts = [strip.text.rstrip() for strip in lines]
+        assert texts[-1] == "cancelled · 2 tokens"
+        second = next(strip for strip in lines if "second'''" in strip.text)
+        first = next(strip for strip in lines if "'''first" in strip.text)
+        code_background = message.renderer.code_background.bgcolor
+        assert all(
+            segment.style is not None and segment.style.bgcolor == code_background for segment in second
+        )
+        # The string's second line is coloured like its first: the code was lexed as one piece.
+        assert _style_of(second, "second") == _style_of(first, "first")
+
+
+def _style_of(strip: Strip, word: str) -> object:
+    for segment in strip:
+        if word in segment.text:
+            return segment.style
+    raise AssertionError(f"{word!r} not in {strip.text!r}")
+
+
+async def test_a_burst_of_appends_is_painted_in_few_frames_with_a_lag_for_each() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = app.query_one(Conversation).add_assistant()
+        await pilot.pause()
+        for index in range(1000):
+            message.append(f"w{index} ")
+            if index % 10 == 9:
+                await asyncio.sleep(0)
+        message.finish()
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await until(lambda: len(app.lags) >= message.renders, pilot)
+        assert 1 <= message.renders < 50
+        assert len(app.lags) == message.renders
+        assert all(lag >= 0 for lag in app.lags)
+        assert "w0 w1 w2" in message.rendered_text() and "w999" in message.rendered_text()
+
+
+async def test_render_lag_counts_from_when_the_delta_arrived() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        message = app.query_one(Conversation).add_assistant()
+        await pilot.pause()
+        message.append("late ", arrived_ns=perf_counter_ns() - 250_000_000)
+        message.append("and later", arrived_ns=perf_counter_ns())
+        await app.next_frame()
+        assert app.lags[-1] >= 250.0
+
+
+async def test_deltas_after_finish_are_ignored_and_finishing_twice_changes_only_the_status() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        message = app.query_one(Conversation).add_assistant()
+        await pilot.pause()
+        message.append("partial answer")
+        message.finish(status="cancelled")
+        message.append(" that arrived too late")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        assert message.text == "partial answer"
+        assert message.has_class("-cancelled") and not message.has_class("-streaming")
+        message.finish(status="error", note="the server closed the stream")
+        await pilot.pause()
+        assert message.rendered_text().splitlines()[-1] == "error: the server closed the stream"
+        assert message.has_class("-error") and not message.has_class("-cancelled")
+        with pytest.raises(ValueError):
+            message.finish(status="lost")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("status", "note", "last_line"),
+    [
+        ("cancelled", "TTFT 212 ms", "cancelled · TTFT 212 ms"),
+        ("error", "HTTP 500 from the server", "error: HTTP 500 from the server"),
+        ("cached", "0.4 ms", "from cache · 0.4 ms"),
+        ("done", "TTFT 212 ms · 70 tok/s · HTTP/2", "TTFT 212 ms · 70 tok/s · HTTP/2"),
+        ("done", "", "The answer."),
+    ],
+)
+async def test_the_status_line_under_a_finished_reply(status: str, note: str, last_line: str) -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        message = app.query_one(Conversation).add_assistant()
+        await pilot.pause()
+        message.append("The answer.")
+        message.finish(status=status, note=note)  # type: ignore[arg-type]
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        assert message.rendered_text().splitlines()[-1] == last_line
+        assert message.status == status and message.has_class(f"-{status}")
+
+
+async def test_code_blocks_lists_every_block_nested_ones_too() -> None:
+    text = (
+        "Two blocks:\n\n```python\nprint(1)\n```\n\n- item\n\n  ```sh\n  ls -l\n  ```\n\n"
+        "After the list.\n\n    indented\n"
+    )
+    message = ChatMessage(text, status="done")
+    assert message.code_blocks() == ["print(1)", "ls -l", "indented"]
+    assert ChatMessage("no code here", status="done").code_blocks() == []
+
+
+async def test_wide_characters_and_emoji_never_overflow_the_width() -> None:
+    text = (
+        "日本語のテキスト🚀 " * 30
+        + "\n\n| 列 | 🚀 |\n|---|---|\n| 中文 | ✨ |\n\n```\n"
+        + "漢字" * 50
+        + "\n```\n"
+    )
+    app = ChatApp()
+    async with app.run_test(size=(41, 40)) as pilot:
+        message = app.query_one(Conversation).add_assistant(text, status="done")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        width = message.content_size.width
+        lines = message.lines_for(width)
+        assert lines and all(strip.cell_length == width for strip in lines)
+        joined = "".join(strip.text for strip in lines)
+        assert joined.count("🚀") == 31 and "中文" in joined
+        assert joined.count("漢") == joined.count("字") == 50
+
+
+async def test_a_resize_renders_again_at_the_new_width() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(100, 40)) as pilot:
+        message = app.query_one(Conversation).add_assistant(REPLY, status="done")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        wide = message.content_size.width
+        wide_height = len(message.lines_for(wide))
+        await pilot.resize_terminal(50, 40)
+        await until(lambda: message.content_size.width < wide, pilot)
+        narrow = message.content_size.width
+        assert all(strip.cell_length == narrow for strip in message.lines_for(narrow))
+        assert len(message.lines_for(narrow)) > wide_height
+        assert message.size.height == len(message.lines_for(narrow))
+
+
+async def test_a_theme_change_repaints_in_the_new_colours() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = app.query_one(Conversation).add_assistant("```python\nx = 1\n```", status="done")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        dark = message.lines_for(message.content_size.width)
+        app.theme = "textual-light"
+        await pilot.pause()
+        light = message.lines_for(message.content_size.width)
+        assert [s.text for s in dark] == [s.text for s in light]
+        assert _backgrounds(dark) != _backgrounds(light)
+
+
+def _backgrounds(lines: list[Strip]) -> set[object]:
+    return {segment.style.bgcolor for strip in lines for segment in strip if segment.style is not None}
+
+
+# -- the conversation
+
+
+async def _fill(conversation: Conversation, replies: int) -> None:
+    await conversation.add_history(
+        widget
+        for index in range(replies)
+        for widget in (
+            UserMessage(f"question {index}"),
+            ChatMessage(f"Answer {index}.\n\n" + "text " * 60, status="done"),
+        )
+    )
+
+
+async def test_the_view_follows_new_text_only_while_at_the_bottom() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        conversation = app.query_one(Conversation)
+        await _fill(conversation, 6)
+        message = conversation.add_assistant()
+        await pilot.pause()
+        message.append("line\n\n" * 10)
+        await app.next_frame()
+        assert conversation.following and conversation.scroll_y == conversation.max_scroll_y > 0
+
+        conversation.scroll_to(y=3, animate=False)
+        await pilot.pause()
+        assert not conversation.following and conversation.scroll_y == 3
+        bottom = conversation.max_scroll_y
+        message.append("more\n\n" * 20)
+        await app.next_frame()
+        await pilot.pause()
+        assert conversation.max_scroll_y > bottom
+        assert conversation.scroll_y == 3
+
+        conversation.scroll_end(animate=False)
+        await until(lambda: conversation.following, pilot)
+        message.append("even more\n\n" * 20)
+        await app.next_frame()
+        await pilot.pause()
+        assert conversation.scroll_y == conversation.max_scroll_y
+
+
+async def test_scrolling_down_at_the_bottom_keeps_following() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        conversation = app.query_one(Conversation)
+        await _fill(conversation, 6)
+        message = conversation.add_assistant()
+        await pilot.pause()
+        assert conversation.scroll_y == conversation.max_scroll_y
+        conversation.scroll_down(animate=False)  # cannot move: already at the bottom
+        await pilot.pause()
+        await until(lambda: conversation.following, pilot)
+        message.append("new text\n\n" * 20)
+        await app.next_frame()
+        await pilot.pause()
+        assert conversation.scroll_y == conversation.max_scroll_y
+
+
+async def test_resuming_200_messages_mounts_them_all_and_shows_the_end() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        conversation = app.query_one(Conversation)
+        await _fill(conversation, 100)
+        await pilot.pause()
+        messages = conversation.messages()
+        assert len(messages) == 200
+        assert conversation.scroll_y == conversation.max_scroll_y > 0
+        last = conversation.last_reply()
+        assert last is not None and last.text.startswith("Answer 99.")
+        await conversation.clear()
+        assert conversation.messages() == [] and conversation.following
+
+
+# -- the prompt
+
+
+async def test_enter_sends_and_the_newline_keys_do_not() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("h", "i", "enter")
+        assert app.submitted == ["hi"] and prompt.text == ""
+        await pilot.press("a", "ctrl+j", "b", "alt+enter", "c", "shift+enter", "d")
+        assert prompt.text == "a\nb\nc\nd" and app.submitted == ["hi"]
+        await pilot.press("enter")
+        assert app.submitted == ["hi", "a\nb\nc\nd"] and prompt.text == ""
+        await pilot.press("space", "enter")
+        assert app.submitted == ["hi", "a\nb\nc\nd"]
+
+
+async def test_the_prompt_bindings_can_be_remapped_by_id() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        app.set_keymap({"prompt.send": "ctrl+s"})
+        await pilot.press("x", "enter", "y", "ctrl+s")
+        assert app.submitted == ["x\ny"]
+
+
+async def test_restore_puts_the_prompt_back_after_an_error() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("a", "s", "k", "enter")
+        assert prompt.text == ""
+        prompt.restore(app.submitted[-1])
+        assert prompt.text == "ask" and prompt.cursor_location == (0, 3)
+        await pilot.press("!")
+        assert prompt.text == "ask!"
+        prompt.restore("older")
+        assert prompt.text == "older\nask!"
+
+
+# -- the incremental renderer on its own (no app)
+
+
+def _renderer() -> MarkdownRenderer:
+    return MarkdownRenderer(Palette.from_variables({}, dark=True))
+
+
+def _streamed_lines(text: str, cuts: list[int], width: int) -> list[Strip]:
+    document = MarkdownDocument()
+    renderer = _renderer()
+    document.bind(renderer)
+    start = 0
+    for cut in sorted(cuts) + [len(text)]:
+        document.append(text[start:cut])
+        start = cut
+        document.sync()
+        document.work(perf_counter_ns() + 2_000_000)
+        document.lines(width)
+    document.finish()
+    while document.busy:
+        document.work(perf_counter_ns() + 2_000_000)
+    return document.lines(width)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(REPLY)), max_size=40))
+def test_any_way_of_cutting_a_stream_ends_as_the_whole_render(cuts: list[int]) -> None:
+    expected = _renderer().blocks(split_blocks(new_parser(), REPLY), 72)
+    assert _streamed_lines(REPLY, cuts, 72) == expected
+
+
+def test_a_partial_line_never_settles_the_block_before_it() -> None:
+    stream = BlockStream()
+    stream.append("A paragraph line\n#")
+    stream.sync()
+    assert stream.settled == []  # "#" alone is a heading; "#include" will not be
+    stream.append("include <stdio.h>\n")
+    stream.sync()
+    assert stream.settled == [] and [block.kind for block in stream.tail] == ["paragraph_open"]
+    stream.append("\nNext paragraph\n")
+    stream.sync()
+    assert [block.kind for block in stream.settled] == ["paragraph_open"]
+    assert stream.settled[0].tokens[1].content == "A paragraph line\n#include <stdio.h>"
+
+
+def test_a_link_reference_defined_later_is_applied_at_the_end() -> None:
+    text = "See [the docs][d] first.\n\nMore text here.\n\n[d]: https://example.org/docs\n"
+    lines = _streamed_lines(text, [30, 50], 60)
+    assert any("https://example.org/docs" in strip.text for strip in lines)
+    assert lines == _renderer().blocks(split_blocks(new_parser(), text, env={}), 60)
+
+
+def test_highlighting_in_slices_always_has_one_line_per_source_line() -> None:
+    code = "\n".join(f"value_{index} = '''a\nb''' + {index}" for index in range(60))
+    fence = _renderer().fence_highlight("python")
+    fence.set_code(code, final=True)
+    assert len(fence.lines()) == code.count("\n") + 1
+    slices = 0
+    while fence.busy:
+        fence.work(perf_counter_ns())  # a deadline already past still makes progress
+        slices += 1
+        if slices % 5 == 0:
+            assert len(fence.lines()) == code.count("\n") + 1
+    assert slices > 1 and fence.exact
+    plain = {segment.style for strip in fence.lines() for segment in strip}
+    assert len(plain) > 2  # coloured, not plain text
+
+
+def test_lines_are_exactly_the_width_asked_for() -> None:
+    lines = _renderer().blocks(split_blocks(new_parser(), REPLY), 33)
+    assert lines and all(isinstance(strip, Strip) and strip.cell_length == 33 for strip in lines)
+    assert all(isinstance(segment, Segment) for strip in lines for segment in strip)

@@ -1,0 +1,173 @@
+"""One Markdown text, possibly still growing, as rendered lines at any width.
+
+Settled blocks are rendered once per width and kept; only the tail is rendered again after a sync.
+Code blocks take their colours from resumable highlighters that ``work()`` advances a slice at a
+time; until then they show plain text of the same height.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+
+from textual.strip import Strip
+
+from llmchat.tui.widgets.chat._blocks import Block, BlockStream
+from llmchat.tui.widgets.chat._code import language_of
+from llmchat.tui.widgets.chat._highlight import FenceHighlight
+from llmchat.tui.widgets.chat._render import MarkdownRenderer, is_code, join
+
+_WIDTHS_KEPT = 2
+"""Widths whose lines are kept: the current one and the one before (a HUD toggled back and forth)."""
+
+
+@dataclass
+class _View:
+    """The lines at one width."""
+
+    settled: list[tuple[int, list[Strip]]] = field(default_factory=list)
+    """Per settled block: the highlight version it was rendered with (-1 for prose), its lines."""
+    tail_key: tuple[int, ...] | None = None
+    tail: list[Strip] = field(default_factory=list)
+    lines: list[Strip] | None = None
+
+
+class MarkdownDocument:
+    """A Markdown text and its rendered lines. Not thread-safe; use from the event loop."""
+
+    def __init__(self, text: str = "") -> None:
+        self._stream = BlockStream()
+        if text:
+            self._stream.append(text)
+        self._renderer: MarkdownRenderer | None = None
+        self._fences: dict[int, FenceHighlight] = {}
+        """Highlighters by the block's first line, which stays put as a fence grows and settles."""
+        self._views: dict[int, _View] = {}
+        self._tail_version = 0
+
+    @property
+    def text(self) -> str:
+        """The whole text so far."""
+        return self._stream.text
+
+    @property
+    def finished(self) -> bool:
+        """True once ``finish()`` was called."""
+        return self._stream.finished
+
+    @property
+    def busy(self) -> bool:
+        """True while a code block still has highlighting to do (see ``work``)."""
+        return any(fence.busy for fence in self._fences.values())
+
+    def append(self, text: str) -> None:
+        """Buffer text; O(1). It shows after the next ``sync()``."""
+        self._stream.append(text)
+
+    def sync(self) -> None:
+        """Take in buffered text: settle blocks that can no longer change, re-split the tail."""
+        settled = self._stream.sync()
+        self._tail_version += 1
+        self._track_fences(self._stream.settled[len(self._stream.settled) - settled :])
+
+    def finish(self) -> None:
+        """Take in buffered text and treat it as complete: every block is final from here on."""
+        if self._stream.finish():
+            self._views.clear()
+            self._fences.clear()
+        self._tail_version += 1
+        self._track_fences([])
+
+    def bind(self, renderer: MarkdownRenderer) -> None:
+        """Render with ``renderer`` from now on; a new palette (theme) drops everything rendered."""
+        if renderer is self._renderer:
+            return
+        self._renderer = renderer
+        self._fences.clear()
+        self._views.clear()
+        self._track_fences(self._stream.settled)
+
+    def work(self, deadline_ns: int) -> None:
+        """Advance code highlighting until done or until ``perf_counter_ns()`` passes ``deadline_ns``."""
+        for fence in list(self._fences.values()):
+            if perf_counter_ns() >= deadline_ns:
+                return
+            if fence.busy:
+                fence.work(deadline_ns)
+
+    def lines(self, width: int) -> list[Strip]:
+        """The document's lines ``width`` cells wide (a list to read, not to change).
+
+        Renders only what changed since the last call at this width. Raises RuntimeError before
+        ``bind()``.
+        """
+        if self._renderer is None:
+            raise RuntimeError("bind() a renderer before asking for lines")
+        if width <= 0:
+            return []
+        view = self._view(width)
+        changed = view.lines is None
+        for index, block in enumerate(self._stream.settled):
+            stamp = self._stamp(block)
+            if index < len(view.settled):
+                if view.settled[index][0] == stamp:
+                    continue
+                view.settled[index] = (stamp, self._render(block, width))
+            else:
+                view.settled.append((stamp, self._render(block, width)))
+            changed = True
+        tail = self._stream.tail
+        tail_key = (self._tail_version, *(self._stamp(block) for block in tail))
+        if view.tail_key != tail_key:
+            view.tail_key = tail_key
+            view.tail = []
+            for block in tail:
+                join(view.tail, self._render(block, width), width)
+            changed = True
+        if changed or view.lines is None:
+            lines: list[Strip] = []
+            for _, block_lines in view.settled:
+                join(lines, block_lines, width)
+            join(lines, view.tail, width)
+            view.lines = lines
+        return view.lines
+
+    def _view(self, width: int) -> _View:
+        view = self._views.pop(width, None) or _View()
+        self._views[width] = view
+        while len(self._views) > _WIDTHS_KEPT:
+            del self._views[next(iter(self._views))]
+        return view
+
+    def _stamp(self, block: Block) -> int:
+        fence = self._fences.get(block.start) if is_code(block) else None
+        return fence.version if fence is not None else -1
+
+    def _render(self, block: Block, width: int) -> list[Strip]:
+        assert self._renderer is not None
+        if not is_code(block):
+            return self._renderer.block(block, width)
+        fence = self._fence(block, final=self.finished or block.start < self._stream.tail_line)
+        return self._renderer.code_lines(fence.lines(), fence.language, width)
+
+    def _fence(self, block: Block, *, final: bool) -> FenceHighlight:
+        assert self._renderer is not None
+        token = block.tokens[0]
+        language = language_of(token.info)
+        fence = self._fences.get(block.start)
+        # While its first line streams in, a fence's info string can read "py" and then "python".
+        if fence is None or fence.language != language:
+            fence = self._fences[block.start] = self._renderer.fence_highlight(language)
+        fence.set_code(token.content, final=final)
+        return fence
+
+    def _track_fences(self, settled: list[Block]) -> None:
+        """Hand the code of newly settled and tail code blocks to their highlighters."""
+        if self._renderer is None:
+            return
+        for block in settled:
+            if is_code(block):
+                self._fence(block, final=True)
+        for block in self._stream.tail:
+            if is_code(block):
+                self._fence(block, final=self.finished)

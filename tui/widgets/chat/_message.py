@@ -1,0 +1,313 @@
+"""The messages of a conversation: the user's text, and an assistant reply that streams in.
+
+A reply is a single leaf widget (see ``_frozen``). Deltas are only buffered as they arrive; a frame
+timer renders what came since the last frame, at most ``frame_rate`` times a second, and only the
+reply's tail is rendered again (see ``_document``). ``finish()`` renders the final text and the
+widget is then as cheap as any other finished message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter_ns, thread_time_ns
+from typing import Literal, get_args
+
+from rich.text import Text
+from textual.geometry import Region
+from textual.message import Message
+from textual.strip import Strip
+from textual.timer import Timer
+
+from llmchat.tui.widgets.chat._blocks import code_blocks
+from llmchat.tui.widgets.chat._document import MarkdownDocument
+from llmchat.tui.widgets.chat._frozen import FrozenLines
+
+Status = Literal["done", "cancelled", "error", "cached"]
+"""How a reply ended: complete, stopped by the user, failed, or served from the cache."""
+
+_STATUSES: tuple[str, ...] = get_args(Status)
+_HIGHLIGHT_SLICE_NS = 5_000_000
+"""Most time one frame spends highlighting code; the rest waits for the next turn of the loop."""
+_SOONEST_NS = 1_000_000
+_HEADROOM = 6
+"""Lines a streaming reply reserves below its text, so it changes height (a layout of the whole screen,
+scrollbar included) once every few lines instead of on every new line."""
+_MAX_BUSY_SHARE = 0.25
+"""A frame that took long delays the next one so frames never take more than this share of the loop."""
+
+
+class UserMessage(FrozenLines):
+    """The user's text, as typed (no Markdown), wrapped to the width."""
+
+    DEFAULT_CSS = """
+    UserMessage {
+        padding: 0 1;
+        margin: 0 0 1 0;
+        border-left: outer $primary;
+    }
+    """
+
+    def __init__(
+        self, text: str, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._text = text
+
+    @property
+    def text(self) -> str:
+        """The text as given."""
+        return self._text
+
+    def build_lines(self, width: int) -> list[Strip]:
+        return self.renderer.rich(Text(self._text, end=""), width)
+
+
+class ChatMessage(FrozenLines):
+    """An assistant reply: Markdown, streamed in with ``append``, ended with ``finish``.
+
+    A reply made with a ``status`` is finished from the start (a reply from history).
+    """
+
+    DEFAULT_CSS = """
+    ChatMessage {
+        padding: 0 1;
+        margin: 0 0 1 0;
+    }
+    """
+
+    class RenderLag(Message):
+        """Time from the arrival of the oldest delta in a frame to that frame being on screen."""
+
+        def __init__(self, ms: float, chat_message: ChatMessage | None = None) -> None:
+            super().__init__()
+            self.ms = ms
+            """Milliseconds, measured on ``time.perf_counter_ns``; never negative."""
+            self.chat_message = chat_message
+            """The reply that painted the frame."""
+
+        @property
+        def control(self) -> ChatMessage | None:
+            """The reply that painted the frame."""
+            return self.chat_message
+
+    def __init__(
+        self,
+        text: str = "",
+        *,
+        status: Status | None = None,
+        note: str = "",
+        frame_rate: float = 15.0,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        """``frame_rate``: most frames a second while streaming (coalescing); must be positive."""
+        if frame_rate <= 0:
+            raise ValueError(f"frame_rate must be positive, got {frame_rate!r}")
+        super().__init__(name=name, id=id, classes=classes)
+        self._doc = MarkdownDocument(text)
+        self._pending: list[str] = []
+        self._first_arrival_ns: int | None = None
+        self._frame_interval_ns = int(1e9 / frame_rate)
+        self._next_frame_ns = 0
+        self._timer: Timer | None = None
+        self._status: Status | None = None
+        self._note = ""
+        self._final = asyncio.Event()
+        self._reserved: tuple[int, int] = (0, 0)
+        """While streaming: (width, height reserved at that width)."""
+        self.renders = 0
+        """Frames that took in new text (highlighting slices not counted): the coalescing at work."""
+        if status is not None:
+            self._end(status, note)
+        else:
+            self.add_class("-streaming")
+
+    # -- what the shell reads
+
+    @property
+    def text(self) -> str:
+        """The full text so far, including deltas not painted yet."""
+        return self._doc.text + "".join(self._pending)
+
+    @property
+    def status(self) -> Status | None:
+        """How the reply ended, or None while it streams."""
+        return self._status
+
+    @property
+    def note(self) -> str:
+        """The note shown under the reply (timing, or the error)."""
+        return self._note
+
+    @property
+    def is_final(self) -> bool:
+        """True once finished and the final render (code colours included) is complete."""
+        return self._final.is_set()
+
+    async def wait_final(self) -> None:
+        """Return once ``is_final``; never returns for a reply that is never finished."""
+        await self._final.wait()
+
+    def code_blocks(self) -> list[str]:
+        """The code of each code block in the reply, in order (for copying)."""
+        return code_blocks(self.text)
+
+    # -- what the shell calls while the reply streams
+
+    def append(self, text: str, arrived_ns: int | None = None) -> None:
+        """Add a delta. O(1): it is buffered and painted with the next frame.
+
+        ``arrived_ns`` is when it arrived (``time.perf_counter_ns()``), for ``RenderLag``; now if not
+        given. Deltas after ``finish()`` are ignored (a late one can race a cancel).
+        """
+        if not text or self._status is not None:
+            return
+        self._pending.append(text)
+        arrived = perf_counter_ns() if arrived_ns is None else arrived_ns
+        if self._first_arrival_ns is None or arrived < self._first_arrival_ns:
+            self._first_arrival_ns = arrived
+        if self._timer is None and self.is_mounted:
+            self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
+
+    def finish(self, *, status: Status = "done", note: str = "") -> None:
+        """End the reply: render the final text whole, correctly, and show the status line.
+
+        ``note`` is shown under the reply: the timing for "done" and "cached", the reason for
+        "error". Code colours that are still being worked out follow in slices of a few ms (see
+        ``wait_final``). Calling it again only changes the status line. Raises ValueError for an
+        unknown status.
+        """
+        if self._status is not None:
+            self._set_status(status, note)
+            self.invalidate_lines()
+            self.refresh(layout=True)
+            return
+        self._end(status, note)
+        self.remove_class("-streaming")
+        if self.is_mounted:
+            self._frame()
+
+    # -- frames
+
+    def _end(self, status: Status, note: str) -> None:
+        self._set_status(status, note)
+        if self._pending:
+            self._doc.append("".join(self._pending))
+            self._pending.clear()
+        self._doc.finish()
+
+    def _set_status(self, status: Status, note: str) -> None:
+        if status not in _STATUSES:
+            raise ValueError(f"status must be one of {', '.join(_STATUSES)}, got {status!r}")
+        if self._status is not None:
+            self.remove_class(f"-{self._status}")
+        self._status, self._note = status, note
+        self.add_class(f"-{status}")
+
+    def on_mount(self) -> None:
+        if self._pending:
+            self._schedule(0)
+        elif self._doc.finished:
+            self._doc.bind(self.renderer)
+            if self._doc.busy:
+                self._schedule(0)
+            else:
+                self._final.set()
+
+    def _schedule(self, delay_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        # Textual's Timer divides by its delay, so "now" is the shortest delay that yields the loop.
+        delay_s = max(delay_ns, _SOONEST_NS) / 1e9
+        self._timer = self.set_timer(delay_s, self._frame, name="chat-message-frame")
+
+    def _frame(self) -> None:
+        """Paint the text that arrived since the last frame, and/or a slice of code highlighting."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        start = perf_counter_ns()
+        # CPU time, not wall time, paces frames: a busy machine that pre-empts the app must not slow them.
+        cpu_start = thread_time_ns()
+        # A highlighting slice may run before the next frame is due; new text then waits for it.
+        take_text = bool(self._pending) and start >= self._next_frame_ns
+        first_arrival = None
+        if take_text:
+            first_arrival, self._first_arrival_ns = self._first_arrival_ns, None
+            self._doc.append("".join(self._pending))
+            self._pending.clear()
+            self._doc.sync()
+        elif self._doc.finished and self._first_arrival_ns is not None:
+            # finish() took in the last deltas; this frame paints them.
+            first_arrival, self._first_arrival_ns = self._first_arrival_ns, None
+        if first_arrival is not None:
+            self.renders += 1
+        self._doc.bind(self.renderer)
+        self._doc.work(start + _HIGHLIGHT_SLICE_NS)
+        self._repaint()
+        if first_arrival is not None:
+            took = thread_time_ns() - cpu_start
+            self._next_frame_ns = start + max(self._frame_interval_ns, int(took / _MAX_BUSY_SHARE))
+            self.call_after_refresh(self._painted, first_arrival)
+        if self._doc.busy:
+            self._schedule(0)
+        elif self._pending:
+            self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
+        elif self._doc.finished:
+            self._final.set()
+
+    def _repaint(self) -> None:
+        width = self.content_size.width
+        if width <= 0:
+            self.invalidate_lines()
+            self.refresh(layout=True)
+            return
+        before, height = self.lines_for(width), self.content_height(width)
+        self.invalidate_lines()
+        after = self.lines_for(width)
+        if self.content_height(width) != height:
+            self.refresh(layout=True)
+            return
+        same = min(len(before), len(after))
+        first = next((y for y in range(same) if before[y] is not after[y]), same)
+        last = max(len(before), len(after))
+        if first < last:
+            self.refresh(Region(0, first, width, last - first))
+
+    def content_height(self, width: int) -> int:
+        lines = len(self.lines_for(width))
+        if self._status is not None:
+            return lines
+        reserved_width, reserved = self._reserved
+        if reserved_width != width or lines > reserved:
+            reserved = lines + _HEADROOM if lines else 0
+            self._reserved = (width, reserved)
+        return reserved
+
+    def _painted(self, first_arrival_ns: int) -> None:
+        lag_ms = max(0.0, (perf_counter_ns() - first_arrival_ns) / 1e6)
+        self.post_message(self.RenderLag(lag_ms, self))
+
+    # -- lines
+
+    def build_lines(self, width: int) -> list[Strip]:
+        self._doc.bind(self.renderer)
+        lines = self._doc.lines(width)
+        status = self._status_text()
+        if status is None:
+            return lines
+        return [*lines, *self.renderer.rich(status, width)]
+
+    def _status_text(self) -> Text | None:
+        status, note = self._status, self._note
+        if status is None or (status == "done" and not note):
+            return None
+        if status == "done":
+            return Text(note, style="status.muted", end="")
+        if status == "error":
+            return Text.assemble(
+                ("error", "status.error"), (f": {note}" if note else "", "status.error"), end=""
+            )
+        label = ("cancelled", "status.warning") if status == "cancelled" else ("from cache", "status.cached")
+        return Text.assemble(label, (f" · {note}" if note else "", "status.muted"), end="")
