@@ -78,14 +78,21 @@ class ChatResponder:
         if self._slots is None:
             await self._run(ex, req, ex.received_at)
             return
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        try:
+        started_at = ex.received_at
+        if self._slots.locked():
+            # Only a request that found no free slot has queued: the others start when they arrived, exactly
+            # as without a limit, so reading the body is never reported as queueing.
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
             ex.started_ns = time.monotonic_ns()
-            await self._run(ex, req, asyncio.get_running_loop().time())
+            started_at = asyncio.get_running_loop().time()
+        else:
+            await self._slots.acquire()
+        try:
+            await self._run(ex, req, started_at)
         finally:
             self._slots.release()
 
