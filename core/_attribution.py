@@ -391,6 +391,9 @@ def _read_metrics(metrics: Mapping[str, float], flags: list[str], notes: list[st
         if "saturation" not in flags:
             flags.append("saturation")
         running_text = "" if running is None else f", {running:g} running"
-        notes.append(f"the server's metrics show {waiting:g} requests waiting{running_text}: it is saturated")
+        plural = "" if waiting == 1 else "s"
+        notes.append(
+            f"the server's metrics show {waiting:g} request{plural} waiting{running_text}: it is saturated"
+        )
     if usage is not None and usage >= KV_CACHE_FULL:
         notes.append(f"the server's KV cache is {usage * 100:.0f}% full: requests may be preempted or queued")
