@@ -15,7 +15,9 @@ What goes where:
 - A cache miss is a finished request that was neither a hit nor cancelled, so ``hit_ratio`` is the share of
   requests the cache answered.
 
-Per chunk there is only a counter and a timestamp (``observe_chunk``); everything else happens per request.
+Nothing happens per chunk by default: the stall check reads the last-token stamp of the requests in flight,
+and chunks are counted from each finished record. ``subscribe(bus, chunks=True)`` counts them live instead,
+a counter and a timestamp per chunk (``observe_chunk``).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class Metrics:
         self._live: dict[int, TimingRecord] = {}
         self._listeners: list[Callable[[], None]] = []
         self._retry: tuple[TimingRecord, object, Any, int] | None = None
+        self._chunks_live = False  # True while Chunk events are counted as they come (subscribe(chunks=True))
 
         self.started = 0
         self.requests = 0
@@ -221,16 +224,23 @@ class Metrics:
         for callback in tuple(self._listeners):
             callback()
 
-    def subscribe(self, bus: Bus) -> Callable[[], None]:
-        """Feed this pipeline from ``bus``; returns the function that unsubscribes all of it."""
+    def subscribe(self, bus: Bus, *, chunks: bool = False) -> Callable[[], None]:
+        """Feed this pipeline from ``bus``; returns the function that unsubscribes all of it.
+
+        ``chunks`` also counts each Chunk event as it comes. Off by default: nothing here needs it (a request
+        in flight carries its own last-token stamp, and ``chunks`` is added up from each finished record), and
+        while nobody listens to Chunk the client does not even build the per-token events.
+        """
         offs = [
             bus.subscribe(RequestStarted, lambda e: self.observe_started(e.record)),
             bus.subscribe(RetryPlanned, lambda e: self.observe_retry(e.record, e.event)),
             bus.subscribe(FirstToken, lambda e: self.observe_first_token(e.record)),
-            bus.subscribe(Chunk, self.observe_chunk),
             bus.subscribe(RequestDone, lambda e: self.observe_done(e.record)),
             bus.subscribe(WarmupState, self.observe_warmup),
         ]
+        if chunks:
+            offs.append(bus.subscribe(Chunk, self.observe_chunk))
+        self._chunks_live = chunks
 
         def unsubscribe() -> None:
             for off in offs:
@@ -260,7 +270,8 @@ class Metrics:
         self._changed()
 
     def observe_chunk(self, chunk: Chunk) -> None:
-        """One content chunk: a counter and a timestamp, nothing else (this runs per token)."""
+        """One content chunk: a counter and a timestamp, nothing else (this runs per token). Only for a
+        pipeline fed chunk by chunk (``subscribe(bus, chunks=True)``); else finished records are counted."""
         self.chunks += 1
         self.last_chunk_ns = chunk.arrived_ns
 
@@ -268,6 +279,8 @@ class Metrics:
         """A request finished (reply, error or cancel): counters, windows, cost, ``last``."""
         self._live.pop(id(record), None)
         self._clear_retry(record)
+        if not self._chunks_live:
+            self.chunks += record.content_chunks
         self.requests += 1
         self.last = record
         if record.cancelled:

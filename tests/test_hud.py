@@ -7,17 +7,18 @@ import time
 from collections.abc import Callable
 
 import pytest
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
-from llmchat.core._retry import RetryEvent
-from llmchat.core._settings import UISettings
-from llmchat.core._timing import TimingRecord
-from llmchat.tui.widgets.hud import Hud, HudDetail, PlotChart
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.pilot import Pilot
 from textual.widgets import Static
 from timing_records import record
+
+from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._retry import RetryEvent
+from llmchat.core._settings import UISettings
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.widgets.hud import Hud, HudDetail, PlotChart
 
 WAIT_S = 5.0
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from textual.app import App, ComposeResult
+from textual.pilot import Pilot
+from timing_records import record
+
 from llmchat.core._bus import Bus, FirstToken, RequestDone, RequestStarted, WarmupState
 from llmchat.core._retry import RetryEvent
 from llmchat.core._settings import UISettings
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.widgets.hud import Hud
-from textual.app import App, ComposeResult
-from textual.pilot import Pilot
-from timing_records import record
 
 PRICES = {"llmchat-local": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}
 

@@ -8,11 +8,12 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from timing_records import MS, record
+
 from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
 from llmchat.core._metrics import Metrics, Percentiles, Price, prices_from_settings
 from llmchat.core._retry import RetryEvent
 from llmchat.core._timing import Phases
-from timing_records import MS, record
 
 
 def retry_event(attempt: int = 2, wait_s: float = 1.3) -> RetryEvent:
@@ -261,9 +262,20 @@ def test_prices_from_settings() -> None:
 # --- the bus and listeners ------------------------------------------------------------------------------
 
 
+def test_subscribe_leaves_chunk_events_unasked_for() -> None:
+    bus, m = Bus(), Metrics()
+    m.subscribe(bus)
+    assert not bus.wants(Chunk)  # so the client never builds them for the HUD's sake
+    r = record()
+    r.content_chunks = 7
+    bus.publish(RequestStarted(r))
+    bus.publish(RequestDone(r))
+    assert m.chunks == 7  # counted from the record instead
+
+
 def test_subscribe_feeds_everything_and_unsubscribe_stops_it() -> None:
     bus, m = Bus(), Metrics()
-    off = m.subscribe(bus)
+    off = m.subscribe(bus, chunks=True)
     assert bus.wants(Chunk)
     r = record()
     bus.publish(WarmupState("local", "warm", 1.5))

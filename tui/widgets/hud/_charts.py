@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
-from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, Sla, figure, number
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
+
+from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
+from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, Sla, figure, number
 
 
 def chart_label(name: Series, values: list[float], sla: Sla | None) -> Content:

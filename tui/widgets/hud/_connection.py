@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmchat.core._metrics import ConnectionState
-from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, ms
 from textual.content import Content
 from textual.widgets import Static
+
+from llmchat.core._metrics import ConnectionState
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, ms
 
 #: The colour of each warm-up state; an unknown state is shown plain.
 STATE_STYLES = {"cold": MUTED_STYLE, "warming": WARN_STYLE, "warm": "$success", "failed": MISS_STYLE}

@@ -8,8 +8,6 @@ only when the view opens or resizes).
 from __future__ import annotations
 
 import plotext  # type: ignore[import-untyped]  # no stubs or py.typed
-from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
-from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, figure
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,6 +15,9 @@ from textual.containers import Grid, Vertical
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
+from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, figure
 
 
 def plot(name: Series, values: list[float], width: int, height: int) -> str:

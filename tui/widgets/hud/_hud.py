@@ -12,6 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.timer import Timer
+from textual.widgets import Static
+
 from llmchat.core._bus import Bus
 from llmchat.core._metrics import Metrics, prices_from_settings
 from llmchat.core._settings import UISettings
@@ -23,12 +30,6 @@ from llmchat.tui.widgets.hud._lag import RenderLagLine
 from llmchat.tui.widgets.hud._pending import PendingPanel
 from llmchat.tui.widgets.hud._stats import HudStats
 from llmchat.tui.widgets.hud._waterfall import Waterfall
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.reactive import reactive
-from textual.timer import Timer
-from textual.widgets import Static
 
 
 class Hud(VerticalScroll, can_focus=True):
@@ -43,13 +44,16 @@ class Hud(VerticalScroll, can_focus=True):
         padding: 0 1;
         scrollbar-size-vertical: 1;
     }
-    Hud > .hud-title {
+    Hud > .hud-box {
+        height: auto;
+    }
+    Hud .hud-title {
         height: 1;
         margin-top: 1;
         color: $text-muted;
         text-style: bold;
     }
-    Hud > .hud-title.-first {
+    Hud .hud-title.-first {
         margin-top: 0;
     }
     """
@@ -98,16 +102,22 @@ class Hud(VerticalScroll, can_focus=True):
         self.lag_line = RenderLagLine(id="hud-lag")
 
     def compose(self) -> ComposeResult:
-        yield Static("connection", classes="hud-title -first")
-        yield self.connection_panel
-        yield self.pending_panel
-        yield Static(f"last {self.metrics.window} requests", classes="hud-title")
-        yield self.charts
-        yield Static("last request", classes="hud-title")
-        yield self.waterfall
-        yield Static("figures", classes="hud-title")
-        yield self.stats
-        yield self.lag_line
+        # Two boxes, for the cost of a frame while a reply streams. Textual repaints the bounding box of all
+        # that changed and re-renders every widget whose clip overlaps it; children of a box are clipped to
+        # the box. So the lines that change 10 times a second (pending, render lag) sit together in one box,
+        # and a frame that touches only them leaves the widgets of the other box alone.
+        with Vertical(id="hud-live", classes="hud-box"):
+            yield Static("connection", classes="hud-title -first")
+            yield self.connection_panel
+            yield self.pending_panel
+            yield self.lag_line
+        with Vertical(id="hud-history", classes="hud-box"):
+            yield Static(f"last {self.metrics.window} requests", classes="hud-title")
+            yield self.charts
+            yield Static("last request", classes="hud-title")
+            yield self.waterfall
+            yield Static("figures", classes="hud-title")
+            yield self.stats
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def on_mount(self) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from llmchat.core._metrics import Metrics
-from llmchat.tui.widgets.hud._figures import MUTED_STYLE, ms, number
 from textual.content import Content
 from textual.widgets import Static
+
+from llmchat.core._metrics import Metrics
+from llmchat.tui.widgets.hud._figures import MUTED_STYLE, ms, number
 
 
 def render_lag(metrics: Metrics) -> Content:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from llmchat.core._metrics import Metrics, Series
-from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, TITLES, WARN_STYLE, Sla, money, number
 from textual.content import Content
 from textual.widgets import Static
+
+from llmchat.core._metrics import Metrics, Series
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, TITLES, WARN_STYLE, Sla, money, number
 
 _PERCENTILE_SERIES: tuple[Series, ...] = ("ttft", "total")
 _COL = 7

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from llmchat.core._timing import TimingRecord
-from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, Sla, ms
 from textual.content import Content
 from textual.widgets import Static
+
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, Sla, ms
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 _NAME_W = 8
