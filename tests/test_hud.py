@@ -296,3 +296,19 @@ async def test_the_shell_names_the_endpoint() -> None:
         app.bus.publish(WarmupState("openai", "warming"))
         await until(pilot, lambda: "● warming" in text(hud.connection_panel), "warming")
         assert styles_of(hud.connection_panel, "● warming") == {"$warning"}
+
+
+async def test_a_hidden_hud_paints_nothing_and_catches_up_when_shown() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        finish(app.bus, record())
+        await until(pilot, lambda: "requests 1" in text(hud.stats), "the first request")
+        hud.display = False
+        await pilot.pause()
+        frames = hud.frames
+        finish(app.bus, record(), record())
+        await until(pilot, lambda: not hud.ticking, "the ticker to stop while hidden")
+        assert hud.frames == frames and "requests 1" in text(hud.stats)
+        hud.display = True
+        await until(pilot, lambda: "requests 3" in text(hud.stats), "the HUD to catch up once shown")

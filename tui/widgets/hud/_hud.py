@@ -160,7 +160,17 @@ class Hud(VerticalScroll, can_focus=True):
             self._ticking = True
             self._ticker.resume()
 
+    def on_show(self) -> None:
+        self.wake()  # whatever changed while it was hidden
+
     def _tick(self) -> None:
+        if not self.display:
+            # Hidden (the key, or folded on a narrow terminal): paint nothing; on_show wakes the ticker and
+            # the versions still say what changed meanwhile.
+            self._ticking = False
+            if self._ticker is not None:
+                self._ticker.pause()
+            return
         painted = self.paint()
         if not painted and not self._was_pending:
             self._ticking = False
