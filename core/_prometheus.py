@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from socket import AF_INET6
 from socketserver import ThreadingMixIn
 from types import ModuleType
@@ -73,7 +74,8 @@ class ClientMetrics:
         self.registry: CollectorRegistry = registry if registry is not None else prom.CollectorRegistry()
         self.max_models = max_models
         self._models: set[str] = set()
-        self._in_flight: dict[str, tuple[str, str]] = {}
+        self._in_flight: dict[str, bool] = {}
+        self._by_labels: dict[tuple[str, str, str], _Series] = {}
         self._lock = threading.Lock()
         r = self.registry
         common = ("provider", "model", "mode")
@@ -133,45 +135,64 @@ class ClientMetrics:
                 return model
         return "other"
 
+    def _series(self, provider: str, model: str, mode: str) -> _Series:
+        # prometheus_client's labels() costs a lock and a few dict lookups per call, seven calls a request:
+        # the children are looked up once per label set and kept.
+        labels = (provider, self._model(model), mode)
+        series = self._by_labels.get(labels)
+        if series is None:
+            series = _Series(
+                ok=self.requests.labels(*labels, "ok"),
+                error=self.requests.labels(*labels, "error"),
+                cancelled=self.requests.labels(*labels, "cancelled"),
+                ttfb=self.ttfb.labels(*labels),
+                ttft=self.ttft.labels(*labels),
+                duration=self.duration.labels(*labels),
+                tokens_per_s=self.tokens_per_s.labels(*labels),
+                output_tokens=self.output_tokens.labels(*labels),
+                in_flight=self.in_flight.labels(provider, mode),
+                labels=labels,
+            )
+            self._by_labels[labels] = series
+        return series
+
     def on_started(self, event: RequestStarted) -> None:
         record = event.record
-        key = (record.provider, record.mode)
         # By request id: a record finished without a start (a model lookup that failed first) or started on
         # two buses this exporter listens to is counted once, and the gauge never goes below zero.
         with self._lock:
             if record.request_id in self._in_flight:
                 return
-            self._in_flight[record.request_id] = key
-        self.in_flight.labels(*key).inc()
+            self._in_flight[record.request_id] = True
+        self._series(record.provider, record.model, record.mode).in_flight.inc()
 
     def on_done(self, event: RequestDone) -> None:
         record = event.record
+        series = self._series(record.provider, record.model, record.mode)
         with self._lock:
-            key = self._in_flight.pop(record.request_id, None)
-        if key is not None:
-            self.in_flight.labels(*key).dec()
-        labels = (record.provider, self._model(record.model), record.mode)
+            started = self._in_flight.pop(record.request_id, False)
+        if started:
+            series.in_flight.dec()
         if record.cancelled:
-            outcome = "cancelled"
+            series.cancelled.inc()
         elif record.error_kind is not None:
-            outcome = "error"
-            self.errors.labels(*labels, record.error_kind).inc()
+            series.error.inc()
+            self.errors.labels(*series.labels, record.error_kind).inc()
         else:
-            outcome = "ok"
-        self.requests.labels(*labels, outcome).inc()
+            series.ok.inc()
         if record.cache_lookup:
             self.cache.labels(record.provider, record.mode, "hit" if record.cache_hit else "miss").inc()
         if record.output_tokens:
-            self.output_tokens.labels(*labels).inc(record.output_tokens)
-        if outcome != "ok" or record.cache_hit:
+            series.output_tokens.inc(record.output_tokens)
+        if record.cancelled or record.error_kind is not None or record.cache_hit:
             return
-        _observe(self.ttfb, labels, record.ttfb_ms)
+        _observe(series.ttfb, record.ttfb_ms)
         if record.mode == "stream":
-            _observe(self.ttft, labels, record.ttft_ms)
-        _observe(self.duration, labels, record.total_ms)
+            _observe(series.ttft, record.ttft_ms)
+        _observe(series.duration, record.total_ms)
         tps = record.tokens_per_s
         if tps is not None:
-            self.tokens_per_s.labels(*labels).observe(tps)
+            series.tokens_per_s.observe(tps)
 
     def on_retry(self, event: RetryPlanned) -> None:
         self.retries.labels(event.record.provider, str(getattr(event.event, "reason", "unknown"))).inc()
@@ -183,9 +204,25 @@ class ClientMetrics:
             self.warmup_rtt.labels(event.provider).set(event.rtt_ms / 1000.0)
 
 
-def _observe(histogram: Any, labels: tuple[str, ...], ms: float | None) -> None:
+def _observe(child: Any, ms: float | None) -> None:
     if ms is not None:
-        histogram.labels(*labels).observe(ms / 1000.0)
+        child.observe(ms / 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """The children of one (provider, model, mode): what every finished request touches."""
+
+    ok: Any
+    error: Any
+    cancelled: Any
+    ttfb: Any
+    ttft: Any
+    duration: Any
+    tokens_per_s: Any
+    output_tokens: Any
+    in_flight: Any
+    labels: tuple[str, str, str]
 
 
 class _QuietHandler(WSGIRequestHandler):

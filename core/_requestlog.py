@@ -5,8 +5,8 @@ Each line is the record's ``summary()`` (figures, never a key: the record holds 
 (prompts are private even when the figures are not) and only ever appended to, so several processes can
 share one log: each line goes out in one ``write`` to a file opened with O_APPEND.
 
-Nothing here blocks a request: the bus callback turns the record into a line and puts it on a queue; a
-thread of its own writes the queue to the file. If the disk fails, one warning is logged and lines are
+Nothing here blocks a request: the bus callback puts the finished record on a queue; a thread of its own
+turns each into its line and appends them to the file. If the disk fails, one warning is logged and lines are
 dropped, never raised into the request that finished.
 """
 
@@ -18,12 +18,14 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmchat.core._bus import Bus, RequestDone, RequestStarted
 from llmchat.core._errors import ConfigError
 from llmchat.core._settings import LogSettings, Settings
+from llmchat.core._timing import TimingRecord
 
 log = logging.getLogger("llmchat.requestlog")
 
@@ -52,11 +54,10 @@ class RequestLog:
         """Lines lost: the queue was full or the disk refused them."""
         self._fd: int | None = _open(self.path) if self.path else None
         self._queue: queue.Queue[object] = queue.Queue(_QUEUE_MAX)
-        self._idle = threading.Condition()
-        self._pending = 0
-        self._messages: dict[str, Sequence[Mapping[str, Any]]] = {}
+        self._messages: dict[str, list[dict[str, Any]]] = {}
         self._unsubscribe: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
         self._closed = False
         self._warned = False
 
@@ -80,65 +81,80 @@ class RequestLog:
         return unsubscribe
 
     def _on_started(self, event: RequestStarted) -> None:
-        self._messages[event.record.request_id] = event.messages
+        # Copied now: the caller's conversation list grows after the request, and the line is written later.
+        self._messages[event.record.request_id] = [_message(m) for m in event.messages]
 
     def _on_done(self, event: RequestDone) -> None:
+        # Only a reference goes on the queue: the summary and the JSON (a few hundred microseconds) are made
+        # on the writer's thread. The record is final once RequestDone is published.
         record = event.record
-        entry = record.summary()
         if self.settings.include_text:
-            entry["messages"] = [_message(m) for m in self._messages.pop(record.request_id, ())]
-            entry["reply"] = event.text
-        try:
-            line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-        except (TypeError, ValueError):  # a message part json cannot hold: keep the figures
-            entry.pop("messages", None)
-            line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-        self.put(line)
+            self._enqueue((record, self._messages.pop(record.request_id, []), event.text))
+        else:
+            self._enqueue((record, None, None))
 
     def put(self, line: str) -> None:
         """Queue one line (ending in a newline) for the writer; never blocks, drops when full or closed."""
+        self._enqueue(line.encode("utf-8"))
+
+    def _enqueue(self, item: object) -> None:
         if self._closed or self._fd is None:
             self.dropped += 1
             return
-        with self._idle:
-            self._pending += 1
         try:
-            self._queue.put_nowait(line.encode("utf-8"))
+            self._queue.put_nowait(item)
         except queue.Full:
-            with self._idle:
-                self._pending -= 1
             self.dropped += 1
             return
         if self._thread is None:
-            self._thread = threading.Thread(target=self._write_loop, name="llmchat-requestlog", daemon=True)
-            self._thread.start()
+            with self._starting:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._write_loop, name="llmchat-requestlog",
+                                                    daemon=True)
+                    self._thread.start()
 
     def flush(self, timeout: float = _CLOSE_S) -> bool:
-        """Wait until every queued line is written (or dropped); False if ``timeout`` seconds pass first.
+        """Wait until every line queued before the call is written (or dropped); False if ``timeout`` seconds
+        pass first.
 
         Blocks: call it from a thread, or with ``await asyncio.to_thread(log.flush)`` from a loop.
         """
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return True
+        marker = threading.Event()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.wait(timeout)
 
     def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            assert isinstance(item, bytes)
-            batch = [item]
-            while len(batch) < 256:  # what else is queued goes out in the same write
+        stop = False
+        while not stop:
+            items = [self._queue.get()]
+            while len(items) < 256:  # what else is queued goes out in the same write
                 try:
-                    more = self._queue.get_nowait()
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if more is _STOP:
-                    self._write(batch)
-                    return
-                assert isinstance(more, bytes)
-                batch.append(more)
+            batch: list[bytes] = []
+            markers: list[threading.Event] = []
+            for item in items:
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    markers.append(item)
+                elif isinstance(item, bytes):
+                    batch.append(item)
+                else:
+                    batch.append(_line(*item))  # type: ignore[misc]
             self._write(batch)
+            for marker in markers:
+                marker.set()
+        fd, self._fd = self._fd, None  # the writer owns the file once it runs: it closes it last
+        if fd is not None:
+            os.close(fd)
 
     def _write(self, batch: list[bytes]) -> None:
         try:
@@ -153,10 +169,6 @@ class RequestLog:
                 self._warned = True
                 log.warning("request log %s: cannot write (%s); lines are dropped", self.path,
                             exc.strerror or exc)
-        finally:
-            with self._idle:
-                self._pending -= len(batch)
-                self._idle.notify_all()
 
     def close(self, timeout: float = _CLOSE_S) -> None:
         """Unsubscribe, write what is queued (waiting at most ``timeout`` s) and close the file. Safe twice.
@@ -171,9 +183,13 @@ class RequestLog:
         self._unsubscribe.clear()
         thread = self._thread
         if thread is not None:
-            self._queue.put(_STOP)
-            thread.join(timeout)
-        if self._fd is not None and (thread is None or not thread.is_alive()):
+            deadline = time.monotonic() + timeout
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+            except queue.Full:  # the disk is stuck: give up on what is queued, leave the thread to it
+                pass
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if thread is None and self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
@@ -199,6 +215,19 @@ def _open(path: str) -> int:
     except OSError:
         pass
     return fd
+
+
+def _line(record: TimingRecord, messages: list[dict[str, Any]] | None, text: str | None) -> bytes:
+    entry = record.summary()
+    if messages is not None:
+        entry["messages"] = messages
+        entry["reply"] = text
+    try:
+        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):  # a message part JSON cannot hold: keep the figures
+        entry.pop("messages", None)
+        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str)
+    return (line + "\n").encode("utf-8")
 
 
 def _message(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from llmchat.core import (
     AuthError,
     CacheSettings,
@@ -238,3 +239,23 @@ def test_the_summary_written_has_no_field_for_headers_keys_or_text() -> None:
 
     keys = set(TimingRecord().summary())
     assert not keys & {"headers", "url", "api_key", "authorization", "messages", "reply", "text"}
+
+
+def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_requestlog, "_QUEUE_MAX", 2)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read: writes block once it is full
+    try:
+        log = RequestLog(LogSettings(requests_path=str(fifo)))
+        for _ in range(100):
+            log.put("x" * 200_000 + "\n")  # one line is more than a pipe holds
+        closer = threading.Thread(target=log.close, kwargs={"timeout": 0.5}, daemon=True)
+        closer.start()
+        closer.join(WAIT_S)
+        assert not closer.is_alive(), "close() hung behind a stuck writer"
+        assert not log.flush(0.1)
+    finally:
+        os.close(reader)
