@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from llmchat.core import (
     Bus,
     CacheSettings,
@@ -30,7 +32,6 @@ from llmchat.core import (
 from llmchat.core._prometheus import LATENCY_BUCKETS, MetricsServer, start_exporter
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 from llmchat.core.server._metrics import ServerMetrics, _TokenCounter, route_of
-from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "llmchat-local"
 WAIT_S = 10.0

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings, StreamCutError
 from llmchat.core._errors import UsageError
 from llmchat.core._proxy import DelayProxy, Target

@@ -22,6 +22,7 @@ from typing import Any, cast
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config, Sockets
 from hypercorn.typing import ASGIFramework
+
 from llmchat.core._errors import LLMChatError
 from llmchat.core._proxy import DelayProxy, Target
 from llmchat.core._settings import ServerSettings
