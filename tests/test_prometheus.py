@@ -308,7 +308,7 @@ def test_token_counting_survives_any_cut_between_sends() -> None:
 
 def test_route_labels_are_bounded() -> None:
     assert route_of("/v1/chat/completions/") == "/v1/chat/completions"
-    assert route_of("/v1/models/abc") == "/v1/models/{id}"
+    assert route_of("/v1/models/abc") == "/v1/models/{id}" and route_of("/metrics") == "/metrics"
     assert route_of("/v1/anything/else") == "other" and route_of("/") == "other"
 
 

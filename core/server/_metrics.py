@@ -31,7 +31,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_ROUTES = frozenset({"/health", "/v1/models", "/v1/chat/completions", "/v1/embeddings"})
+_ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/embeddings"})
 _CHAT = "/v1/chat/completions"
 # Every content event of a stream carries this once; the role event and the usage event do not.
 _CONTENT = b'"delta":{"content":"'

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def ready_line(proxy: DelayProxy) -> str:
     """``llmchat proxy listening on http://127.0.0.1:PORT/v1 -> http://127.0.0.1:8000/v1 (rtt 50 ms)``."""
     t = proxy.target
-    to = f"{t.scheme}://{t.host}:{t.port}{t.path}"
+    host = f"[{t.host}]" if ":" in t.host else t.host
+    to = f"{t.scheme}://{host}:{t.port}{t.path}"
     return f"llmchat proxy listening on {proxy.url()} -> {to} (rtt {proxy.rtt_ms:g} ms)"
 
 
