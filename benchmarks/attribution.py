@@ -7,9 +7,11 @@
     with and without a ``ColdStartDetector``, against two baselines measured in the same run: the record's own
     ``summary()`` (what ``ask --json`` already builds per request) and the median total of those loopback
     requests (the fastest a real request gets). The ratio to a request is what matters: it should be tiny.
-(b) Decoding a 1 MB non-streamed reply (a ``chat.completion`` whose content is 1 MB of prose with some
-    non-ASCII text) with the stdlib ``json`` and with ``orjson``, and through ``_wire.parse_reply`` (which
-    takes orjson when installed); plus 5,000 small stream chunks, the per-token path.
+(b) Decoding a 1 MB non-streamed reply with the stdlib ``json`` and with ``orjson``, in two shapes: "text",
+    a ``chat.completion`` whose content is 1 MB of prose with some non-ASCII text (one big string), and
+    "logprobs", a shorter reply with ``logprobs`` (top 5 per token) making up 1 MB of small objects; each raw
+    and through ``_wire.parse_reply`` with its orjson fast path on and off. Plus 5,000 small stream chunks
+    through ``_wire.parse_chunk``, the per-token path, fast path on and off.
 
 Every figure is the median of interleaved repetitions. Prints a table; ``--json`` also writes the figures.
 """
@@ -105,18 +107,30 @@ _WORDS = ["the", "stream", "token", "latency", "café", "naïve", "über", "速�
           "a", "connection", "server", "client", "is", "to", "time", "first"]
 
 
-def one_mb_reply() -> bytes:
+def one_mb_reply(shape: str) -> bytes:
+    """A 1 MB ``chat.completion``: "text" is one long content string, "logprobs" adds OpenAI's logprobs."""
     rng = random.Random(7)
     words: list[str] = []
+    logprobs: list[dict[str, Any]] = []
     size = 0
     while size < 1_000_000:
-        w = rng.choice(_WORDS)
+        w = " " + rng.choice(_WORDS)
         words.append(w)
-        size += len(w.encode()) + 1
-    text = " ".join(words)
+        if shape == "text":
+            size += len(w.encode())
+            continue
+        top = [{"token": " " + rng.choice(_WORDS), "logprob": -rng.random() * 5, "bytes": None}
+               for _ in range(5)]
+        entry = {"token": w, "logprob": -rng.random(), "bytes": list(w.encode()), "top_logprobs": top}
+        logprobs.append(entry)
+        size += len(json.dumps(entry, ensure_ascii=False).encode()) + len(w.encode())
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": "".join(words)},
+                              "finish_reason": "stop"}
+    if logprobs:
+        choice["logprobs"] = {"content": logprobs}
     body = {
         "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "choices": [choice],
         "usage": {"prompt_tokens": 10, "completion_tokens": len(words), "total_tokens": len(words) + 10},
     }
     return json.dumps(body, ensure_ascii=False).encode()
@@ -134,13 +148,50 @@ def stream_chunks(n: int) -> list[str]:
     return out
 
 
-def bench_json() -> dict[str, Any]:
-    body = one_mb_reply()
-    assert json.loads(body) == orjson.loads(body), "the two libraries disagree"
-    chunks = stream_chunks(CHUNKS)
+class _StdlibOnly:
+    """Within this block ``_wire`` decodes with the stdlib, as it does where orjson is not installed."""
 
-    def parse_reply() -> object:
-        return wire.parse_reply(body, status=200, content_type="application/json", where="bench")
+    def __enter__(self) -> None:
+        self.saved = wire._orjson
+        wire._orjson = None  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        wire._orjson = self.saved
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], loops: int) -> dict[str, float]:
+    """Median seconds per call of each function, rounds interleaved; names ending in ":stdlib" run with the
+    fast path off."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(3):
+        for name, fn in fns.items():
+            if name.endswith(":stdlib"):
+                with _StdlibOnly():
+                    samples[name].append(_median_time(fn, loops))
+            else:
+                samples[name].append(_median_time(fn, loops))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def bench_json() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for shape in ("text", "logprobs"):
+        body = one_mb_reply(shape)
+        assert json.loads(body) == orjson.loads(body), "the two libraries disagree"
+
+        def parse_reply(body: bytes = body) -> object:
+            return wire.parse_reply(body, status=200, content_type="application/json", where="bench")
+
+        t = _interleaved({
+            "json": lambda body=body: json.loads(body),  # type: ignore[misc]
+            "orjson": lambda body=body: orjson.loads(body),  # type: ignore[misc]
+            "parse_reply:stdlib": parse_reply,
+            "parse_reply": parse_reply,
+        }, 5)
+        out[shape] = {"bytes": len(body), **{k: v * 1e3 for k, v in t.items()},
+                      "speedup": t["json"] / t["orjson"], "parse_reply_speedup": t["parse_reply:stdlib"] /
+                      t["parse_reply"]}
+    chunks = stream_chunks(CHUNKS)
 
     def all_chunks(loads: Callable[[str], object]) -> Callable[[], object]:
         def run() -> object:
@@ -149,29 +200,15 @@ def bench_json() -> dict[str, Any]:
             return None
         return run
 
-    std, fast, via_wire, c_std, c_fast, c_wire = [], [], [], [], [], []
-    for _ in range(3):
-        std.append(_median_time(lambda: json.loads(body), 5))
-        fast.append(_median_time(lambda: orjson.loads(body), 5))
-        via_wire.append(_median_time(parse_reply, 5))
-        c_std.append(_median_time(all_chunks(json.loads), 1))
-        c_fast.append(_median_time(all_chunks(orjson.loads), 1))
-        c_wire.append(_median_time(all_chunks(wire.parse_chunk), 1))
-    std_ms, fast_ms, wire_ms = (statistics.median(x) * 1e3 for x in (std, fast, via_wire))
-    c_std_us, c_fast_us, c_wire_us = (
-        statistics.median(x) * 1e6 / len(chunks) for x in (c_std, c_fast, c_wire)
-    )
-    return {
-        "reply_bytes": len(body),
-        "reply_stdlib_ms": std_ms,
-        "reply_orjson_ms": fast_ms,
-        "reply_parse_reply_ms": wire_ms,
-        "reply_speedup": std_ms / fast_ms,
-        "chunk_stdlib_us": c_std_us,
-        "chunk_orjson_us": c_fast_us,
-        "chunk_parse_chunk_us": c_wire_us,
-        "chunk_speedup": c_std_us / c_fast_us,
-    }
+    t = _interleaved({
+        "json": all_chunks(json.loads),
+        "orjson": all_chunks(orjson.loads),
+        "parse_chunk:stdlib": all_chunks(wire.parse_chunk),
+        "parse_chunk": all_chunks(wire.parse_chunk),
+    }, 1)
+    out["chunk"] = {**{k: v * 1e6 / len(chunks) for k, v in t.items()}, "speedup": t["json"] / t["orjson"],
+                    "parse_chunk_speedup": t["parse_chunk:stdlib"] / t["parse_chunk"]}
+    return out
 
 
 def main() -> int:
@@ -190,16 +227,21 @@ def main() -> int:
     print(f"    baseline loopback request p50  {a['request_total_ms_p50'] * 1000:8.0f} us   "
           f"attribute / request = {a['attribute_share_of_request'] * 100:.3f} %")
     j = bench_json()
-    print(f"(b) JSON decoding of a {j['reply_bytes'] / 1e6:.2f} MB non-streamed reply")
-    print(f"    stdlib json.loads              {j['reply_stdlib_ms']:8.2f} ms")
-    print(f"    orjson.loads                   {j['reply_orjson_ms']:8.2f} ms   "
-          f"speed-up = {j['reply_speedup']:.2f}x")
-    print(f"    _wire.parse_reply (fast path)  {j['reply_parse_reply_ms']:8.2f} ms")
-    print(f"    per stream chunk ({CHUNKS:,} chunks of ~230 B)")
-    print(f"    stdlib json.loads              {j['chunk_stdlib_us']:8.2f} us")
-    print(f"    orjson.loads                   {j['chunk_orjson_us']:8.2f} us   "
-          f"speed-up = {j['chunk_speedup']:.2f}x")
-    print(f"    _wire.parse_chunk (fast path)  {j['chunk_parse_chunk_us']:8.2f} us")
+    for shape in ("text", "logprobs"):
+        f = j[shape]
+        print(f"(b) JSON decoding of a {f['bytes'] / 1e6:.2f} MB non-streamed reply, {shape}")
+        print(f"    stdlib json.loads              {f['json']:8.2f} ms")
+        print(f"    orjson.loads                   {f['orjson']:8.2f} ms   speed-up = {f['speedup']:.2f}x")
+        print(f"    _wire.parse_reply, stdlib      {f['parse_reply:stdlib']:8.2f} ms")
+        print(f"    _wire.parse_reply, orjson      {f['parse_reply']:8.2f} ms   "
+              f"speed-up = {f['parse_reply_speedup']:.2f}x")
+    c = j["chunk"]
+    print(f"(c) per stream chunk ({CHUNKS:,} chunks of ~230 B)")
+    print(f"    stdlib json.loads              {c['json']:8.2f} us")
+    print(f"    orjson.loads                   {c['orjson']:8.2f} us   speed-up = {c['speedup']:.2f}x")
+    print(f"    _wire.parse_chunk, stdlib      {c['parse_chunk:stdlib']:8.2f} us")
+    print(f"    _wire.parse_chunk, orjson      {c['parse_chunk']:8.2f} us   "
+          f"speed-up = {c['parse_chunk_speedup']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"attribution": a, "json": j}, f, indent=2)
