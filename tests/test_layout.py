@@ -44,7 +44,7 @@ def test_public_surface_is_exactly_all() -> None:
 def test_help_lists_every_subcommand(capsys) -> None:  # type: ignore[no-untyped-def]
     parser = build_parser()
     help_text = parser.format_help()
-    for name in ("ask", "serve", "batch", "config", "cache", "chat"):
+    for name in ("chat", "ask", "serve", "bench", "proxy", "batch", "config", "cache", "export"):
         assert re.search(rf"^\s+{name}\s", help_text, re.M), name
 
 

@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llmchat {__version__}")
     parser.add_argument("--config", metavar="PATH", help="the config file (default: $LLMCHAT_CONFIG or "
                         "$XDG_CONFIG_HOME/llmchat/config.toml)")
+    parser.add_argument("--continue", dest="continue_last", action="store_true",
+                        help="reopen the last conversation in the chat app")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
@@ -40,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmchat.tui.commands import chat
 
         func = chat.run
+        for name in ("provider", "model", "base_url"):
+            setattr(args, name, getattr(args, name, None))
     try:
         return int(func(args))
     except LLMChatError as exc:

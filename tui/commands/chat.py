@@ -1,29 +1,36 @@
-"""`llmchat` with no subcommand: the chat app.
+"""`llmchat` (or `llmchat chat`): the interactive chat app.
 
-Until the Textual app lands, it starts the local server in the foreground and says how to talk to it, so the
-README's first command shows something real on a fresh machine.
+With no provider configured and no OPENAI_API_KEY / OPENAI_BASE_URL, it starts `llmchat serve` as a
+subprocess on a free port, says so with a badge, and stops it on exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from llmchat.core.server import resolve_settings, serve
+from llmchat.core import ChatClient, load_settings
+from llmchat.core._history import HistoryStore
+from llmchat.tui.commands._provider import offline_default
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("chat", help="the interactive chat (the default when no command is given)")
+    p = sub.add_parser("chat", help="the interactive chat (the default when no command is given)",
+                       description="The interactive chat. `llmchat --continue` reopens the last conversation.")
+    p.add_argument("--provider", help="a provider name from the config")
+    p.add_argument("--model", help="the model (default: the provider's)")
+    p.add_argument("--base-url", help="an OpenAI-compatible API root to use instead of a configured provider")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("llmchat: the chat UI is coming. Meanwhile, here is the local server (offline demo); Ctrl-C stops it.")
+    from llmchat.tui.app import Offline, make_app
 
-    def ready(line: str) -> None:
-        print(line, flush=True)
-        url = line.split(" on ", 1)[1].split(" ", 1)[0]
-        print(f"llmchat: in another terminal, try:  llmchat ask \"hello\" --base-url {url}/v1 --stats", flush=True)
-
-    asyncio.run(serve(resolve_settings({"port": 0, "profile": "chat"}), ready=ready))
+    settings = load_settings(args.config)
+    with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
+        offline = Offline(base_url) if base_url and not args.base_url else None
+        client = ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model or model,
+                            http2=http2)
+        app = make_app(settings=settings, client=client, store=HistoryStore(),
+                       continue_last=bool(getattr(args, "continue_last", False)), offline=offline)
+        app.run()
     return 0

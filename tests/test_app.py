@@ -1,0 +1,180 @@
+"""The chat app end to end: Pilot drives it against the local server, with a real SQLite history."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llmchat.core import CacheSettings, ChatClient, HttpSettings, RetryPlanned, RetrySettings, Settings
+from llmchat.core._history import HistoryStore
+from llmchat.core.server import RunningServer
+from llmchat.tui.app import ChatApp, Offline, make_app
+from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput
+from llmchat.tui.widgets.hud import Hud
+
+MODEL = "llmchat-local"
+
+
+def _settings(tmp_path: Path, **changes: object) -> Settings:
+    base = replace(Settings(), cache=CacheSettings(path=str(tmp_path / "cache"), policy="always"),
+                   http=replace(HttpSettings(), warmup=False))
+    return replace(base, **changes)
+
+
+def _app(server: RunningServer, tmp_path: Path, *, settings: Settings | None = None, **kw: object) -> ChatApp:
+    settings = settings or _settings(tmp_path)
+    client = ChatClient(settings, base_url=server.base_url, model=MODEL, http2="h2c")
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    return make_app(settings=settings, client=client, store=store, **kw)  # type: ignore[arg-type]
+
+
+async def _until(pilot, cond: Callable[[], bool], timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.02)
+
+
+async def _send(pilot, app: ChatApp, text: str) -> ChatMessage:  # type: ignore[no-untyped-def]
+    prompt = app.query_one(PromptInput)
+    prompt.text = text
+    before = len(app.query(ChatMessage))
+    await pilot.press("enter")
+    await _until(pilot, lambda: len(app.query(ChatMessage)) > before)
+    return list(app.query(ChatMessage))[-1]
+
+
+async def test_send_streams_a_reply_and_saves_it(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(tokens_per_s=400)
+    app = _app(server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "hello there")
+        await _until(pilot, lambda: reply.is_final)
+        assert reply.status == "done" and "hello there" in reply.text
+        assert "TTFT" in reply.note and "HTTP/2" in reply.note
+        hud = app.query_one(Hud)
+        await _until(pilot, lambda: hud.metrics.requests >= 1 and hud.metrics.in_flight == 0)
+        conv_id = app.conversation_id
+        assert conv_id is not None
+        conv = await app.store.load(conv_id)
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
+    assert conv.messages[1].content == reply.text and conv.messages[1].status == "done"
+    assert conv.messages[1].record and conv.messages[1].record["http_version"] == "HTTP/2"
+
+
+async def test_escape_cancels_and_keeps_the_partial_reply(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(tokens_per_s=40)
+    app = _app(server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "a long one please")
+        await _until(pilot, lambda: len(reply.text) > 10)
+        await pilot.press("escape")
+        await _until(pilot, lambda: reply.is_final)
+        assert reply.status == "cancelled" and reply.text
+        await _until(pilot, lambda: not app.replying)
+        conv = await app.store.load(app.conversation_id)  # type: ignore[arg-type]
+        saved = conv.messages[-1]
+    assert saved.status == "cancelled" and saved.content == reply.text
+    assert saved.record is not None and saved.record["cancelled"] is True
+
+
+async def test_batch_mode_shows_a_cache_hit(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("ctrl+b")
+        assert app.stream_mode is False and "batch" in app.query_one(Hud).mode
+        first = await _send(pilot, app, "cache me")
+        await _until(pilot, lambda: first.is_final)
+        await pilot.press("ctrl+n")
+        await _until(pilot, lambda: not app.query(ChatMessage))
+        second = await _send(pilot, app, "cache me")
+        await _until(pilot, lambda: second.is_final)
+        assert first.status == "done" and second.status == "cached"
+        assert second.text == first.text and "from cache" in second.note
+        hud = app.query_one(Hud)
+        await _until(pilot, lambda: hud.metrics.cache_hits == 1)
+
+
+async def test_retry_is_visible_then_the_error_restores_the_prompt(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(error_rate=1.0)
+    settings = _settings(tmp_path, retry=RetrySettings(max_attempts=2, base_delay_s=0.05, max_delay_s=0.05))
+    app = _app(server, tmp_path, settings=settings)
+    async with app.run_test(size=(140, 40)) as pilot:
+        hud = app.query_one(Hud)
+        shown: list[str | None] = []
+        # The HUD's metrics subscribed first, so by the time this runs the HUD holds the live retry line.
+        app.client.bus.subscribe(RetryPlanned, lambda e: shown.append(hud.metrics.pending_retry))
+        reply = await _send(pilot, app, "will fail")
+        await _until(pilot, lambda: reply.is_final)
+        assert len(shown) == 1 and shown[0] is not None and shown[0].startswith("retry 2/2 in ")
+        assert hud.metrics.pending_retry is None and hud.metrics.retries == 1
+        assert reply.status == "error" and "after 2 attempts" in reply.note
+        assert app.query_one(PromptInput).text == "will fail"
+        assert any("after 2 attempts" in str(n.message) for n in app._notifications)
+
+
+async def test_history_is_resumed_after_a_restart(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "remember me")
+        await _until(pilot, lambda: reply.is_final)
+        first_text = reply.text
+    again = _app(local_server, tmp_path, continue_last=True)
+    async with again.run_test(size=(140, 40)) as pilot:
+        await _until(pilot, lambda: len(again.query(ChatMessage)) == 1)
+        restored = again.query_one(ChatMessage)
+        assert restored.text == first_text and restored.is_final
+        assert again.history == [{"role": "user", "content": "remember me"},
+                                 {"role": "assistant", "content": first_text}]
+        # The next message continues the same conversation.
+        reply = await _send(pilot, again, "and again")
+        await _until(pilot, lambda: reply.is_final)
+        conv = await again.store.load(again.conversation_id)  # type: ignore[arg-type]
+    assert len(conv.messages) == 4
+
+
+async def test_offline_badge_and_hud_toggle(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path, offline=Offline(local_server.base_url))
+    async with app.run_test(size=(140, 40)) as pilot:
+        badge = app.query_one("#badge")
+        assert "local server (offline demo)" in str(badge.render())
+        hud = app.query_one(Hud)
+        assert hud.display
+        await pilot.press("f2")
+        assert not hud.display
+        await pilot.press("f2")
+        assert hud.display
+
+
+async def test_hud_folds_away_on_narrow_terminals(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=(80, 30)) as pilot:
+        await pilot.pause()
+        assert not app.query_one(Hud).display
+
+
+async def test_keymap_remaps_a_binding(local_server: RunningServer, tmp_path: Path) -> None:
+    settings = _settings(tmp_path, keymap={"mode.toggle": "ctrl+t"})
+    app = _app(local_server, tmp_path, settings=settings)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("ctrl+b")  # the old key no longer toggles
+        assert app.stream_mode is True
+        await pilot.press("ctrl+t")
+        assert app.stream_mode is False
+
+
+async def test_copy_last_reply(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "something with code")
+        await _until(pilot, lambda: reply.is_final)
+        await pilot.press("f3")
+        assert app.clipboard == reply.text
+        await pilot.press("f4")
+        assert reply.code_blocks() and app.clipboard == reply.code_blocks()[-1]

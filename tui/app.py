@@ -1,0 +1,399 @@
+"""The chat app: the conversation and prompt on the left, the HUD on the right.
+
+The app never touches httpx: it talks to ``ChatClient`` and listens to the engine's bus. Every reply runs in one
+exclusive worker (group ``reply``); "a reply is in flight" is derived from that worker's state, never from a
+flag reset in ``finally`` (a cancelled worker's cleanup can run after its replacement started).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widgets import Footer, Static
+from textual.worker import WorkerState
+
+from llmchat.core import APIError, ChatClient, Settings, UsageError, Warmer
+from llmchat.core._history import HistoryStore
+from llmchat.core._timing import TimingRecord
+from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.screens.history import HistoryScreen
+from llmchat.tui.screens.text_input import TextInputScreen
+from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
+from llmchat.tui.widgets.hud import Hud
+
+NARROW = 100  # columns under which the HUD folds away by itself
+
+
+@dataclass(frozen=True, slots=True)
+class Offline:
+    """Set when the app talks to a local server it started itself: the badge says so."""
+
+    base_url: str
+
+
+def reply_note(summary: dict[str, Any] | None) -> str:
+    """The compact line under a finished reply, from its record's summary: model, HTTP version, TTFT, rate."""
+    if not summary:
+        return ""
+    parts = [str(summary.get("model") or "")]
+    if summary.get("cache_hit"):
+        parts.append("from cache")
+    elif summary.get("http_version"):
+        parts.append(str(summary["http_version"]))
+    if summary.get("mode") == "stream" and summary.get("ttft_ms") is not None:
+        parts.append(f"TTFT {summary['ttft_ms']:.0f} ms")
+    if summary.get("total_ms") is not None:
+        parts.append(f"total {summary['total_ms']:.0f} ms")
+    if summary.get("tokens_per_s"):
+        parts.append(f"{summary['tokens_per_s']:.0f} tok/s")
+    if summary.get("retries"):
+        parts.append(f"{summary['retries']} retries")
+    return " · ".join(p for p in parts if p)
+
+
+class ChatApp(App[None]):
+    """llmchat's interactive chat. Build it with :func:`make_app`."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "llmchat"
+    COMMANDS = App.COMMANDS | {ProviderCommands}
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+b", "toggle_mode", "Stream/Batch", id="mode.toggle"),
+        Binding("escape", "cancel_reply", "Cancel", id="reply.cancel", priority=True),
+        Binding("f2", "toggle_hud", "HUD", id="hud.toggle"),
+        # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
+        Binding("f3", "copy_reply", "Copy reply", id="copy.reply"),
+        Binding("f4", "copy_code", "Copy code", id="copy.code"),
+        Binding("ctrl+o", "history", "History", id="history.open"),
+        Binding("ctrl+n", "new_conversation", "New", id="conversation.new"),
+        Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+    ]
+
+    stream_mode: reactive[bool] = reactive(True)
+    show_hud: reactive[bool] = reactive(True)
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        client: ChatClient,
+        store: HistoryStore,
+        conversation_id: int | None = None,
+        continue_last: bool = False,
+        offline: Offline | None = None,
+        clients: dict[str, ChatClient] | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.client = client
+        self.clients: dict[str, ChatClient] = clients if clients is not None else {client.endpoint.name: client}
+        self.store = store
+        self.offline = offline
+        self.conversation_id = conversation_id
+        self.continue_last = continue_last
+        self.system_prompt = ""
+        self.history: list[dict[str, str]] = []
+        self.warmer: Warmer | None = None
+        self._last_reply: ChatMessage | None = None
+        # Initial values without running the watchers: nothing is mounted yet.
+        self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
+        self.set_reactive(ChatApp.show_hud, settings.ui.show_hud)
+        if settings.ui.theme:
+            self.theme = settings.ui.theme
+
+    # -- layout ---------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield Static(self._badge_text(), id="badge")
+                yield Conversation(id="conversation")
+                yield PromptInput(id="prompt")
+            yield Hud(bus=self.client.bus, ui=self.settings.ui, id="hud")
+        yield Footer()
+
+    def _show_endpoint(self) -> None:
+        hud = self.query_one(Hud)
+        hud.provider = "local server" if self.offline else self.client.endpoint.name
+        hud.model = self.client.model
+        hud.host = self.client.endpoint.hostport
+        self.query_one("#badge", Static).update(self._badge_text())
+
+    def on_chat_message_render_lag(self, event: ChatMessage.RenderLag) -> None:
+        # Painting time is the terminal's, not the network's: the HUD shows it on a line of its own.
+        self.query_one(Hud).metrics.observe_render_lag(event.ms)
+
+    def _badge_text(self) -> str:
+        ep = self.client.endpoint
+        where = "local server (offline demo)" if self.offline else f"{ep.name} · {ep.hostport}"
+        return f"{where} · {self.client.model or 'default model'} · {'stream' if self.stream_mode else 'batch'}"
+
+    async def on_mount(self) -> None:
+        if self.settings.keymap:
+            self.set_keymap(dict(self.settings.keymap))
+        self._show_endpoint()
+        self.query_one(Hud).mode = "stream" if self.stream_mode else "batch"
+        self._apply_hud_visibility(self.size.width)
+        if self.client.endpoint.http.warmup:
+            self.warmer = Warmer(self.client)
+            self.warmer.start()
+        await self.store.open()
+        if self.conversation_id is None and self.continue_last:
+            self.conversation_id = await self.store.last_conversation_id()
+            if self.conversation_id is None:
+                self.notify("no earlier conversation to continue", timeout=3)
+        if self.conversation_id is not None:
+            await self._load_conversation(self.conversation_id)
+        self.query_one(PromptInput).focus()
+
+    async def on_unmount(self) -> None:
+        if self.warmer is not None:
+            await self.warmer.aclose()
+        for client in self.clients.values():
+            await client.aclose()
+        await self.store.aclose()
+
+    def on_resize(self, event: Any) -> None:
+        self._apply_hud_visibility(event.size.width)
+
+    def _apply_hud_visibility(self, width: int) -> None:
+        hud = self.query_one(Hud)
+        hud.display = self.show_hud and width >= NARROW
+
+    def watch_show_hud(self, _value: bool) -> None:
+        if self.is_mounted:
+            self._apply_hud_visibility(self.size.width)
+
+    def watch_stream_mode(self, value: bool) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#badge", Static).update(self._badge_text())
+        self.query_one(Hud).mode = "stream" if value else "batch"
+        self.sub_title = "stream mode" if value else "batch mode"
+
+    # -- state derived from the worker ----------------------------------------------------------------------
+    @property
+    def replying(self) -> bool:
+        """A reply is in flight: some worker of the ``reply`` group is pending or running."""
+        return any(
+            w.group == "reply" and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers
+        )
+
+    # -- actions -------------------------------------------------------------------------------------------
+    def action_toggle_mode(self) -> None:
+        self.stream_mode = not self.stream_mode
+        self.notify(f"{'stream' if self.stream_mode else 'batch'} mode", timeout=2)
+
+    def action_toggle_hud(self) -> None:
+        self.show_hud = not self.show_hud
+
+    def action_cancel_reply(self) -> None:
+        if self.screen is not self.screen_stack[0]:
+            self.screen.dismiss(None)  # Esc closes a modal first
+            return
+        if self.replying:
+            self.workers.cancel_group(self, "reply")
+
+    def action_copy_reply(self) -> None:
+        if self._last_reply is None or not self._last_reply.text:
+            self.notify("nothing to copy yet", severity="warning")
+            return
+        self.copy_to_clipboard(self._last_reply.text)
+        self.notify("reply copied", timeout=2)
+
+    def action_copy_code(self) -> None:
+        blocks = self._last_reply.code_blocks() if self._last_reply is not None else []
+        if not blocks:
+            self.notify("the last reply has no code block", severity="warning")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        self.notify("code block copied", timeout=2)
+
+    async def action_new_conversation(self) -> None:
+        if self.replying:
+            self.workers.cancel_group(self, "reply")
+        self.conversation_id = None
+        self.history = []
+        self.system_prompt = ""
+        await self.query_one(Conversation).clear()
+        self._last_reply = None
+        self.notify("new conversation", timeout=2)
+
+    def action_history(self) -> None:
+        self.push_screen(HistoryScreen(self.store, current_id=self.conversation_id), self._open_from_history)
+
+    def on_history_screen_deleted(self, event: HistoryScreen.Deleted) -> None:
+        if event.conversation_id == self.conversation_id:
+            # Its rows are gone: what is on screen stays, but the next message starts a new conversation.
+            if self.replying:
+                self.workers.cancel_group(self, "reply")
+            self.conversation_id = None
+
+    async def _open_from_history(self, conv_id: int | None) -> None:
+        if conv_id is not None:
+            if self.replying:
+                self.workers.cancel_group(self, "reply")
+            await self._load_conversation(conv_id)
+
+    def action_system_prompt(self) -> None:
+        def apply(text: str | None) -> None:
+            if text is None:
+                return
+            self.system_prompt = text
+            if self.conversation_id is not None:
+                self.run_worker(self.store.set_system_prompt(self.conversation_id, text), group="store")
+            self.notify("system prompt set" if text else "system prompt cleared", timeout=2)
+
+        self.push_screen(TextInputScreen("System prompt for this conversation", self.system_prompt), apply)
+
+    async def action_export(self, fmt: str = "markdown") -> None:
+        from llmchat.core._history import export_markdown, export_records_json
+
+        if self.conversation_id is None:
+            self.notify("nothing to export yet", severity="warning")
+            return
+        conv = await self.store.load(self.conversation_id)
+        text = export_markdown(conv) if fmt == "markdown" else export_records_json(conv)
+        path = Path.cwd() / f"llmchat-{self.conversation_id}.{'md' if fmt == 'markdown' else 'json'}"
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o600)
+        self.notify(f"exported to {path}", timeout=4)
+
+    async def switch_provider(self, name: str, model: str | None = None) -> None:
+        """Use another provider (and model) from the next message on."""
+        client = self.clients.get(name)
+        if client is None:
+            client = ChatClient(self.settings, provider=name, bus=self.client.bus)
+            await client.__aenter__()
+            self.clients[name] = client
+        if model:
+            client.model = model
+        self.client = client
+        self.offline = None
+        self._show_endpoint()
+        self.notify(f"next message goes to {name}{' · ' + model if model else ''}", timeout=3)
+
+    # -- conversation ----------------------------------------------------------------------------------------
+    async def _load_conversation(self, conv_id: int) -> None:
+        conv = await self.store.load(conv_id)
+        self.conversation_id = conv_id
+        self.system_prompt = conv.system_prompt
+        self.history = [m for m in conv.messages_for_api() if m["role"] != "system"]
+        view = self.query_one(Conversation)
+        await view.clear()
+        widgets: list[UserMessage | ChatMessage] = []
+        for msg in conv.messages:
+            if msg.role == "user":
+                widgets.append(UserMessage(msg.content))
+            elif msg.role == "assistant":
+                status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
+                note = msg.error or reply_note(msg.record)
+                if msg.status == "streaming":  # the process that wrote it was killed mid-reply
+                    status, note = "cancelled", "interrupted"
+                widgets.append(ChatMessage(msg.content, status=status, note=note))
+        # One mount, one layout: resuming a long conversation costs one frame, not one per message.
+        await view.add_history(widgets)
+        replies = [w for w in widgets if isinstance(w, ChatMessage)]
+        self._last_reply = replies[-1] if replies else None
+        self.sub_title = conv.info.title
+
+    def _messages(self) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + self.history
+
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.replying:
+            self.query_one(PromptInput).restore(event.text)
+            self.notify("a reply is still coming; Esc cancels it", severity="warning")
+            return
+        if self.conversation_id is None:
+            self.conversation_id = await self.store.new_conversation(
+                system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model
+            )
+        # Saved before the request goes out: a crash from here on loses nothing the user typed.
+        await self.store.add_user_message(self.conversation_id, text)
+        self.history.append({"role": "user", "content": text})
+        view = self.query_one(Conversation)
+        view.add_user(text)
+        reply = view.add_assistant()
+        self._last_reply = reply
+        self._reply(text, reply, self.stream_mode)
+
+    @work(exclusive=True, group="reply")
+    async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:
+        client = self.client
+        assert self.conversation_id is not None
+        msg_id = await self.store.start_reply(
+            self.conversation_id, provider=client.endpoint.name, model=client.model, mode="stream" if stream else "batch"
+        )
+        writer = self.store.reply_writer(msg_id)
+        messages = self._messages()
+        record: TimingRecord | None = None
+        status, note, error = "done", "", None
+        try:
+            if stream:
+                chat = client.stream(messages)
+                record = chat.record
+                async for piece in chat:
+                    reply.append(piece, time.perf_counter_ns())
+                    writer.append(piece)
+            else:
+                answer = await client.complete(messages)
+                record = answer.record
+                reply.append(answer.text, time.perf_counter_ns())
+                writer.append(answer.text)
+                status = "cached" if record.cache_hit else "done"
+        except APIError as exc:
+            record = record or (exc.record if isinstance(exc.record, TimingRecord) else None)
+            status, error = "error", str(exc)
+            self.notify(error, severity="error", timeout=10)
+            # Nothing typed is lost: the prompt goes back into the input.
+            self.query_one(PromptInput).restore(prompt)
+        except UsageError as exc:
+            status, error = "error", str(exc)
+            self.notify(error, severity="error", timeout=10)
+            self.query_one(PromptInput).restore(prompt)
+        except BaseException:
+            # Esc (worker cancelled) or quitting: keep what arrived, marked, with its record.
+            status = "cancelled"
+            raise
+        finally:
+            note = error or (reply_note(record.summary()) if record is not None else "")
+            reply.finish(status=status, note=note)
+            partial = reply.text
+            if partial:
+                self.history.append({"role": "assistant", "content": partial})
+            await writer.finish(
+                status="error" if status == "error" else ("cancelled" if status == "cancelled" else "done"),
+                error=error,
+                record=record.summary() if record is not None else None,
+            )
+
+
+def make_app(
+    *,
+    settings: Settings,
+    client: ChatClient,
+    store: HistoryStore,
+    conversation_id: int | None = None,
+    continue_last: bool = False,
+    offline: Offline | None = None,
+) -> ChatApp:
+    """The app factory tests and the command line build the app through. The app closes ``client`` and
+    ``store`` when it exits."""
+    return ChatApp(settings=settings, client=client, store=store, conversation_id=conversation_id,
+                   continue_last=continue_last, offline=offline)
+
+
+__all__ = ["ChatApp", "Offline", "make_app", "reply_note"]
