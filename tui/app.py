@@ -122,7 +122,8 @@ class ChatApp(App[None]):
 
     def _show_endpoint(self) -> None:
         hud = self.query_one(Hud)
-        hud.provider = "local server" if self.offline else self.client.endpoint.name
+        # The endpoint's own name: warm-up reports its state under it (the badge says "offline demo").
+        hud.provider = self.client.endpoint.name
         hud.model = self.client.model
         hud.host = self.client.endpoint.hostport
         self.query_one("#badge", Static).update(self._badge_text())
@@ -144,7 +145,8 @@ class ChatApp(App[None]):
         self._apply_hud_visibility(self.size.width)
         if self.client.endpoint.http.warmup:
             self.warmer = Warmer(self.client)
-            self.warmer.start()
+            # After the first frame: a ping measured while the app is still starting would time the start-up.
+            self.call_after_refresh(self.warmer.start)
         await self.store.open()
         if self.conversation_id is None and self.continue_last:
             self.conversation_id = await self.store.last_conversation_id()

@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
         offline = Offline(base_url) if base_url and not args.base_url else None
-        client = ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model or model,
-                            http2=http2)
+        client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
+                            model=args.model or model, http2=http2)
         app = make_app(settings=settings, client=client, store=HistoryStore(),
                        continue_last=bool(getattr(args, "continue_last", False)), offline=offline)
         app.run()
