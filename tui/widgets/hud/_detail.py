@@ -7,7 +7,6 @@ only when the view opens or resizes).
 
 from __future__ import annotations
 
-import plotext  # type: ignore[import-untyped]  # no stubs or py.typed
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -22,6 +21,10 @@ from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, figure
 
 def plot(name: Series, values: list[float], width: int, height: int) -> str:
     """The chart of one series as plotext's ANSI text, ``width`` x ``height`` cells (at least 20 x 6)."""
+    # Imported here: plotext takes tens of milliseconds to import, and the app should not wait for a view
+    # that may never open. No stubs or py.typed.
+    import plotext  # type: ignore[import-untyped]
+
     plotext.clear_figure()
     plotext.theme("clear")
     plotext.plotsize(max(width, 20), max(height, 6))
