@@ -13,13 +13,14 @@ from time import perf_counter_ns
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 from rich.segment import Segment
 from textual.app import App, ComposeResult
-from textual.strip import Strip
 
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
 from llmchat.tui.widgets.chat._blocks import BlockStream, new_parser, split_blocks
 from llmchat.tui.widgets.chat._document import MarkdownDocument
+from llmchat.tui.widgets.chat._lines import Line, text_of
 from llmchat.tui.widgets.chat._render import MarkdownRenderer, Palette
 
 WAIT_S = 10.0
@@ -152,10 +153,10 @@ async def test_a_stream_cut_mid_fence_ends_as_a_correct_code_block() -> None:
         width = message.content_size.width
         lines = message.lines_for(width)
         assert lines == reference.lines_for(width)
-        texts = [strip.text.rstrip() for strip in lines]
+        texts = [text_of(line).rstrip() for line in lines]
         assert texts[-1] == "cancelled · 2 tokens"
-        second = next(strip for strip in lines if "second'''" in strip.text)
-        first = next(strip for strip in lines if "'''first" in strip.text)
+        second = next(line for line in lines if "second'''" in text_of(line))
+        first = next(line for line in lines if "'''first" in text_of(line))
         code_background = message.renderer.code_background.bgcolor
         assert all(
             segment.style is not None and segment.style.bgcolor == code_background for segment in second
@@ -164,11 +165,15 @@ async def test_a_stream_cut_mid_fence_ends_as_a_correct_code_block() -> None:
         assert _style_of(second, "second") == _style_of(first, "first")
 
 
-def _style_of(strip: Strip, word: str) -> object:
-    for segment in strip:
+def _style_of(line: Line, word: str) -> object:
+    for segment in line:
         if word in segment.text:
             return segment.style
-    raise AssertionError(f"{word!r} not in {strip.text!r}")
+    raise AssertionError(f"{word!r} not in {text_of(line)!r}")
+
+
+def _width(line: Line) -> int:
+    return sum(cell_len(segment.text) for segment in line)
 
 
 async def test_a_burst_of_appends_is_painted_in_few_frames_with_a_lag_for_each() -> None:
@@ -266,8 +271,8 @@ async def test_wide_characters_and_emoji_never_overflow_the_width() -> None:
         await pilot.pause()
         width = message.content_size.width
         lines = message.lines_for(width)
-        assert lines and all(strip.cell_length == width for strip in lines)
-        joined = "".join(strip.text for strip in lines)
+        assert lines and all(_width(line) == width for line in lines)
+        joined = "".join(text_of(line) for line in lines)
         assert joined.count("🚀") == 31 and "中文" in joined
         assert joined.count("漢") == joined.count("字") == 50
 
@@ -283,7 +288,7 @@ async def test_a_resize_renders_again_at_the_new_width() -> None:
         await pilot.resize_terminal(50, 40)
         await until(lambda: message.content_size.width < wide, pilot)
         narrow = message.content_size.width
-        assert all(strip.cell_length == narrow for strip in message.lines_for(narrow))
+        assert all(_width(line) == narrow for line in message.lines_for(narrow))
         assert len(message.lines_for(narrow)) > wide_height
         assert message.size.height == len(message.lines_for(narrow))
 
@@ -298,12 +303,12 @@ async def test_a_theme_change_repaints_in_the_new_colours() -> None:
         app.theme = "textual-light"
         await pilot.pause()
         light = message.lines_for(message.content_size.width)
-        assert [s.text for s in dark] == [s.text for s in light]
+        assert [text_of(line) for line in dark] == [text_of(line) for line in light]
         assert _backgrounds(dark) != _backgrounds(light)
 
 
-def _backgrounds(lines: list[Strip]) -> set[object]:
-    return {segment.style.bgcolor for strip in lines for segment in strip if segment.style is not None}
+def _backgrounds(lines: list[Line]) -> set[object]:
+    return {segment.style.bgcolor for line in lines for segment in line if segment.style is not None}
 
 
 # -- the conversation
@@ -381,6 +386,47 @@ async def test_resuming_200_messages_mounts_them_all_and_shows_the_end() -> None
         assert conversation.messages() == [] and conversation.following
 
 
+async def _all_rendered(conversation: Conversation, pilot: object) -> None:
+    await until(lambda: not any(m.deferred for m in conversation.messages()), pilot)
+    await pilot.pause()  # type: ignore[attr-defined]
+
+
+async def test_a_long_history_mounts_on_estimates_then_renders_for_real_in_the_background() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        conversation = app.query_one(Conversation)
+        history = [ChatMessage(REPLY, status="done", note=f"reply {index}") for index in range(40)]
+        await conversation.add_history(history)
+        assert history[0].deferred and not history[-1].deferred
+        await _all_rendered(conversation, pilot)
+        for message in history:
+            width = message.content_size.width
+            assert message.size.height == len(message.lines_for(width))
+        assert conversation.scroll_y == conversation.max_scroll_y
+
+
+async def test_background_rendering_keeps_a_scrolled_up_view_on_the_same_text() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        conversation = app.query_one(Conversation)
+        history = [ChatMessage(REPLY + "\n" + "wide " * 40, status="done") for _ in range(60)]
+        target = history[30]
+        deferred_above: list[int] = []
+
+        def scroll_up() -> None:
+            # Runs after the first layout, before the first slice of background rendering.
+            conversation.scroll_to(y=target.virtual_region.y + 2, animate=False)
+            deferred_above.append(sum(message.deferred for message in history[:30]))
+
+        mounting = conversation.add_history(history)
+        conversation.call_after_refresh(scroll_up)
+        await mounting
+        await _all_rendered(conversation, pilot)
+        assert deferred_above and deferred_above[0] > 20
+        assert not conversation.following
+        assert conversation.scroll_y - target.virtual_region.y == 2
+
+
 # -- the prompt
 
 
@@ -431,7 +477,7 @@ def _renderer() -> MarkdownRenderer:
     return MarkdownRenderer(Palette.from_variables({}, dark=True))
 
 
-def _streamed_lines(text: str, cuts: list[int], width: int) -> list[Strip]:
+def _streamed_lines(text: str, cuts: list[int], width: int) -> list[Line]:
     document = MarkdownDocument()
     renderer = _renderer()
     document.bind(renderer)
@@ -451,7 +497,8 @@ def _streamed_lines(text: str, cuts: list[int], width: int) -> list[Strip]:
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(REPLY)), max_size=40))
 def test_any_way_of_cutting_a_stream_ends_as_the_whole_render(cuts: list[int]) -> None:
-    expected = _renderer().blocks(split_blocks(new_parser(), REPLY), 72)
+    parser = new_parser()
+    expected = _renderer().blocks(split_blocks(parser, REPLY), 72, parser)
     assert _streamed_lines(REPLY, cuts, 72) == expected
 
 
@@ -466,14 +513,15 @@ def test_a_partial_line_never_settles_the_block_before_it() -> None:
     stream.append("\nNext paragraph\n")
     stream.sync()
     assert [block.kind for block in stream.settled] == ["paragraph_open"]
-    assert stream.settled[0].tokens[1].content == "A paragraph line\n#include <stdio.h>"
+    assert stream.settled[0].tokens(stream.parser)[1].content == "A paragraph line\n#include <stdio.h>"
 
 
 def test_a_link_reference_defined_later_is_applied_at_the_end() -> None:
     text = "See [the docs][d] first.\n\nMore text here.\n\n[d]: https://example.org/docs\n"
     lines = _streamed_lines(text, [30, 50], 60)
-    assert any("https://example.org/docs" in strip.text for strip in lines)
-    assert lines == _renderer().blocks(split_blocks(new_parser(), text, env={}), 60)
+    assert any("https://example.org/docs" in text_of(line) for line in lines)
+    parser = new_parser()
+    assert lines == _renderer().blocks(split_blocks(parser, text), 60, parser)
 
 
 def test_highlighting_in_slices_always_has_one_line_per_source_line() -> None:
@@ -488,11 +536,38 @@ def test_highlighting_in_slices_always_has_one_line_per_source_line() -> None:
         if slices % 5 == 0:
             assert len(fence.lines()) == code.count("\n") + 1
     assert slices > 1 and fence.exact
-    plain = {segment.style for strip in fence.lines() for segment in strip}
+    plain = {segment.style for segments, _ in fence.lines() for segment in segments}
     assert len(plain) > 2  # coloured, not plain text
 
 
 def test_lines_are_exactly_the_width_asked_for() -> None:
-    lines = _renderer().blocks(split_blocks(new_parser(), REPLY), 33)
-    assert lines and all(isinstance(strip, Strip) and strip.cell_length == 33 for strip in lines)
-    assert all(isinstance(segment, Segment) for strip in lines for segment in strip)
+    parser = new_parser()
+    lines = _renderer().blocks(split_blocks(parser, REPLY), 33, parser)
+    assert lines and all(_width(line) == 33 for line in lines)
+    assert all(isinstance(segment, Segment) for line in lines for segment in line)
+
+
+def test_a_document_rendered_again_at_another_width_matches_a_fresh_render() -> None:
+    document = MarkdownDocument(REPLY)
+    renderer = _renderer()
+    document.bind(renderer)
+    document.finish()
+    while document.busy:
+        document.work(perf_counter_ns() + 2_000_000)
+    document.lines(72)
+    document.lines(90)
+    parser = new_parser()
+    assert document.lines(41) == renderer.blocks(split_blocks(parser, REPLY), 41, parser)
+
+
+def test_carriage_returns_do_not_shift_blocks_and_the_text_is_kept_as_given() -> None:
+    text = "First paragraph.\r\n\r\n```python\r\nx = 1\r\n```\r\n\r\nLast one.\r\n"
+    document = MarkdownDocument()
+    document.bind(_renderer())
+    for piece in tokens(text, 2):
+        document.append(piece)
+        document.sync()
+    document.finish()
+    assert document.text == text
+    rendered = [text_of(line).strip() for line in document.lines(40)]
+    assert "First paragraph." in rendered and "x = 1" in rendered and "Last one." in rendered

@@ -8,7 +8,6 @@ rendered once and kept, and only the live tail is rendered again as text arrives
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -27,18 +26,41 @@ def new_parser() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
 
-@dataclass(frozen=True, slots=True)
 class Block:
-    """One top-level block: its tokens and the lines [start, end) it spans in the whole text."""
+    """One top-level block: the lines [start, end) it spans in the whole text, its source, its tokens.
 
-    tokens: tuple[Token, ...]
-    start: int
-    end: int
+    Tokens are many small objects; once a block is rendered they can be dropped (``release``) and are
+    parsed again from the block's own source if it must be rendered again (at another width).
+    """
 
-    @property
-    def kind(self) -> str:
+    __slots__ = ("_tokens", "code", "end", "info", "kind", "source", "start")
+
+    def __init__(self, tokens: tuple[Token, ...], start: int, end: int, source: str) -> None:
+        self._tokens: tuple[Token, ...] | None = tokens
+        self.start = start
+        self.end = end
+        self.source = source
+        opening = tokens[0]
+        self.kind: str = opening.type
         """The markdown-it type of the opening token: ``paragraph_open``, ``fence``, ``table_open``..."""
-        return self.tokens[0].type
+        code = self.kind in ("fence", "code_block")
+        self.code: str | None = opening.content if code else None
+        """A code block's code (as markdown-it gives it, ending with a newline if complete)."""
+        self.info = opening.info if code else ""
+        """A fence's info string (its language first)."""
+
+    def tokens(self, parser: MarkdownIt) -> tuple[Token, ...]:
+        """The block's tokens, parsed again from its source if they were released."""
+        if self._tokens is None:
+            self._tokens = tuple(parser.parse(self.source))
+        return self._tokens
+
+    def release(self) -> None:
+        """Drop the tokens; ``tokens()`` parses them again when asked."""
+        self._tokens = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.kind}, lines {self.start}-{self.end})"
 
 
 def split_blocks(
@@ -50,21 +72,24 @@ def split_blocks(
     line ranges are absolute. Never raises for any text (markdown-it accepts everything).
     """
     tokens = parser.parse(source, env if env is not None else {})
+    # markdown-it's line numbers count "\n" only (splitlines() would also split on \f, \u2028...).
+    pieces = source.split("\n")
+    lines = [piece + "\n" for piece in pieces[:-1]] + pieces[-1:]
     blocks: list[Block] = []
     group: list[Token] = []
     for token in tokens:
         if token.level == 0 and token.nesting >= 0 and group:
-            blocks.append(_block(group, first_line))
+            blocks.append(_block(group, first_line, lines))
             group = []
         group.append(token)
     if group:
-        blocks.append(_block(group, first_line))
+        blocks.append(_block(group, first_line, lines))
     return blocks
 
 
-def _block(tokens: list[Token], first_line: int) -> Block:
-    line_map = tokens[0].map or [0, 0]
-    return Block(tuple(tokens), first_line + line_map[0], first_line + line_map[1])
+def _block(tokens: list[Token], first_line: int, lines: list[str]) -> Block:
+    start, end = tokens[0].map or [0, 0]
+    return Block(tuple(tokens), first_line + start, first_line + end, "".join(lines[start:end]))
 
 
 def has_reference_definitions(text: str) -> bool:
@@ -83,6 +108,7 @@ class BlockStream:
     def __init__(self, parser: MarkdownIt | None = None) -> None:
         self._parser = parser or new_parser()
         self._text = ""
+        self._raw: list[str] = []
         self._pending: list[str] = []
         self._settled: list[Block] = []
         self._tail: list[Block] = []
@@ -95,11 +121,19 @@ class BlockStream:
 
     @property
     def text(self) -> str:
-        """The whole text appended so far (including text not yet synced)."""
+        """The text appended so far (synced or not) as parsed: carriage returns dropped, since
+        markdown-it counts them as line breaks and the line counting here counts "\\n" only."""
         if self._pending:
-            self._text += "".join(self._pending)
+            self._text += "".join(self._pending).replace("\r", "")
             self._pending.clear()
         return self._text
+
+    @property
+    def raw_text(self) -> str:
+        """The text exactly as appended."""
+        if len(self._raw) > 1:
+            self._raw[:] = ["".join(self._raw)]
+        return self._raw[0] if self._raw else ""
 
     @property
     def settled(self) -> list[Block]:
@@ -117,6 +151,11 @@ class BlockStream:
         return self._finished
 
     @property
+    def parser(self) -> MarkdownIt:
+        """The parser the text is split with (blocks parse their source again with it)."""
+        return self._parser
+
+    @property
     def tail_line(self) -> int:
         """The first line of the tail: blocks starting before it are settled."""
         return self._tail_line
@@ -126,6 +165,7 @@ class BlockStream:
         if self._finished:
             raise RuntimeError("the text is finished; nothing can be appended")
         self._pending.append(text)
+        self._raw.append(text)
 
     def sync(self) -> int:
         """Take in the buffered text, settle what can be settled, re-split the tail.

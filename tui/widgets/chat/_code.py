@@ -16,7 +16,8 @@ from rich.cells import cell_len, get_character_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.syntax import PygmentsSyntaxTheme
-from textual.strip import Strip
+
+from llmchat.tui.widgets.chat._lines import CodeLine, Line
 
 TAB_SIZE = 4
 """Columns a tab stands for in code."""
@@ -54,8 +55,8 @@ def language_of(info: str) -> str:
 
 
 def cut(
-    lines: list[Strip], width: int, background: Style, *, label: str = "", label_style: Style | None = None
-) -> list[Strip]:
+    lines: list[CodeLine], width: int, background: Style, *, label: str = "", label_style: Style | None = None
+) -> list[Line]:
     """Lay highlighted lines out as a block ``width`` cells wide on ``background``.
 
     A label line (the language) opens the block and a blank line closes it; one cell of margin on
@@ -63,30 +64,37 @@ def cut(
     """
     if width <= 0:
         return []
-    strips = [_label_line(label, width, background, label_style)]
-    strips.extend(cut_lines(lines, width, background))
-    strips.append(Strip.blank(width, background))
-    return strips
+    rows = [_label_line(label, width, background, label_style)]
+    rows.extend(cut_lines(lines, width, background))
+    rows.append(_fit([], 0, width, background))
+    return rows
 
 
-def cut_lines(lines: list[Strip], width: int, background: Style) -> list[Strip]:
+def cut_lines(lines: list[CodeLine], width: int, background: Style) -> list[Line]:
     """The code lines of a block ``width`` wide, without its label and closing lines."""
     inner = max(1, width - 2)
     pad = Segment(" ", background)
-    strips: list[Strip] = []
-    for line in lines:
-        length = line.cell_length
+    rows: list[Line] = []
+    for segments, length in lines:
         if length <= inner:
-            strips.append(Strip([pad, *line, Segment(" " * (width - 1 - length), background)], width))
+            rows.append((pad, *segments, Segment(" " * (width - 1 - length), background)))
             continue
-        for piece, piece_length in _fold(line, inner):
-            strips.append(Strip([pad, *piece], piece_length + 1).extend_cell_length(width, background))
-    return strips
+        for piece, piece_length in _fold(segments, inner):
+            rows.append(_fit([pad, *piece], piece_length + 1, width, background))
+    return rows
 
 
-def _fold(line: Strip, inner: int) -> list[tuple[list[Segment], int]]:
+def _fit(segments: list[Segment], length: int, width: int, background: Style) -> Line:
+    if length == width:
+        return tuple(segments)
+    if length < width:
+        return (*segments, Segment(" " * (width - length), background))
+    return tuple(Segment.adjust_line_length(segments, width, style=background))
+
+
+def _fold(line: tuple[Segment, ...], inner: int) -> list[tuple[list[Segment], int]]:
     """Cut a line into pieces at most ``inner`` cells wide, never through a double-width character
-    (Strip.divide would blank a character cut in half)."""
+    (cutting one in half would blank it)."""
     pieces: list[tuple[list[Segment], int]] = []
     current: list[Segment] = []
     length = 0
@@ -118,11 +126,9 @@ def _fold(line: Strip, inner: int) -> list[tuple[list[Segment], int]]:
     return pieces
 
 
-def _label_line(label: str, width: int, background: Style, label_style: Style | None) -> Strip:
+def _label_line(label: str, width: int, background: Style, label_style: Style | None) -> Line:
     if not label or width < 3:
-        return Strip.blank(width, background)
+        return _fit([], 0, width, background)
     text = label[: width - 2]
     style = background + label_style if label_style is not None else background
-    return Strip([Segment(" ", background), Segment(text, style)], 1 + cell_len(text)).extend_cell_length(
-        width, background
-    )
+    return _fit([Segment(" ", background), Segment(text, style)], 1 + cell_len(text), width, background)

@@ -10,26 +10,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
-from textual.strip import Strip
-
 from llmchat.tui.widgets.chat._blocks import Block, BlockStream
 from llmchat.tui.widgets.chat._code import language_of
 from llmchat.tui.widgets.chat._highlight import FenceHighlight
+from llmchat.tui.widgets.chat._lines import Line
 from llmchat.tui.widgets.chat._render import MarkdownRenderer, is_code, join
 
 _WIDTHS_KEPT = 2
 """Widths whose lines are kept: the current one and the one before (a HUD toggled back and forth)."""
 
 
+def estimate_rows(text: str, width: int) -> int:
+    """A guess at how many rows ``text`` renders to at ``width``, from its source lines alone.
+
+    Characters are counted, not cells: measuring cells costs more than the guess is worth.
+    """
+    rows = 0
+    for line in text.split("\n"):
+        length = len(line)
+        rows += 1 if length <= width else -(-length // max(1, width - 2))
+    return rows
+
+
 @dataclass
 class _View:
     """The lines at one width."""
 
-    settled: list[tuple[int, list[Strip]]] = field(default_factory=list)
+    settled: list[tuple[int, list[Line]]] = field(default_factory=list)
     """Per settled block: the highlight version it was rendered with (-1 for prose), its lines."""
     tail_key: tuple[int, ...] | None = None
-    tail: list[Strip] = field(default_factory=list)
-    lines: list[Strip] | None = None
+    tail: list[Line] = field(default_factory=list)
+    lines: list[Line] | None = None
 
 
 class MarkdownDocument:
@@ -44,11 +55,14 @@ class MarkdownDocument:
         """Highlighters by the block's first line, which stays put as a fence grows and settles."""
         self._views: dict[int, _View] = {}
         self._tail_version = 0
+        self._resplit = False
+        """True once the whole text was split again at the end (it defines link references): block
+        tokens then carry those references and are kept rather than parsed again on their own."""
 
     @property
     def text(self) -> str:
-        """The whole text so far."""
-        return self._stream.text
+        """The whole text so far, exactly as appended."""
+        return self._stream.raw_text
 
     @property
     def finished(self) -> bool:
@@ -73,6 +87,7 @@ class MarkdownDocument:
     def finish(self) -> None:
         """Take in buffered text and treat it as complete: every block is final from here on."""
         if self._stream.finish():
+            self._resplit = True
             self._views.clear()
             self._fences.clear()
         self._tail_version += 1
@@ -95,7 +110,7 @@ class MarkdownDocument:
             if fence.busy:
                 fence.work(deadline_ns)
 
-    def lines(self, width: int) -> list[Strip]:
+    def lines(self, width: int) -> list[Line]:
         """The document's lines ``width`` cells wide (a list to read, not to change).
 
         Renders only what changed since the last call at this width. Raises RuntimeError before
@@ -125,7 +140,7 @@ class MarkdownDocument:
                 join(view.tail, self._render(block, width), width)
             changed = True
         if changed or view.lines is None:
-            lines: list[Strip] = []
+            lines: list[Line] = []
             for _, block_lines in view.settled:
                 join(lines, block_lines, width)
             join(lines, view.tail, width)
@@ -143,22 +158,25 @@ class MarkdownDocument:
         fence = self._fences.get(block.start) if is_code(block) else None
         return fence.version if fence is not None else -1
 
-    def _render(self, block: Block, width: int) -> list[Strip]:
+    def _render(self, block: Block, width: int) -> list[Line]:
         assert self._renderer is not None
-        if not is_code(block):
-            return self._renderer.block(block, width)
-        fence = self._fence(block, final=self.finished or block.start < self._stream.tail_line)
+        final = self.finished or block.start < self._stream.tail_line
+        if block.code is None:
+            lines = self._renderer.block(block, width, self._stream.parser)
+            if final and not self._resplit:
+                block.release()
+            return lines
+        fence = self._fence(block, final=final)
         return self._renderer.code_lines(fence.lines(), fence.language, width)
 
     def _fence(self, block: Block, *, final: bool) -> FenceHighlight:
-        assert self._renderer is not None
-        token = block.tokens[0]
-        language = language_of(token.info)
+        assert self._renderer is not None and block.code is not None
+        language = language_of(block.info)
         fence = self._fences.get(block.start)
         # While its first line streams in, a fence's info string can read "py" and then "python".
         if fence is None or fence.language != language:
             fence = self._fences[block.start] = self._renderer.fence_highlight(language)
-        fence.set_code(token.content, final=final)
+        fence.set_code(block.code, final=final)
         return fence
 
     def _track_fences(self, settled: list[Block]) -> None:

@@ -14,24 +14,22 @@ from time import perf_counter_ns
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from textual.strip import Strip
 
 from llmchat.tui.widgets.chat._code import TAB_SIZE, lexer_for, token_style
+from llmchat.tui.widgets.chat._lines import CodeLine
 
 _CHECK_EVERY = 32
 """Tokens lexed between two looks at the clock."""
 
 
-def plain_lines(code: str, background: Style) -> list[Strip]:
+def plain_lines(code: str, background: Style) -> list[CodeLine]:
     """``code`` split into unhighlighted lines on ``background`` (tabs expanded as highlighting does)."""
     if not code:
         return []
-    return [
-        Strip([Segment(line, background)], cell_len(line)) for line in code.expandtabs(TAB_SIZE).split("\n")
-    ]
+    return [((Segment(line, background),), cell_len(line)) for line in code.expandtabs(TAB_SIZE).split("\n")]
 
 
-def highlight_now(code: str, language: str, theme: str, background: Style) -> list[Strip]:
+def highlight_now(code: str, language: str, theme: str, background: Style) -> list[CodeLine]:
     """Highlight ``code`` in one go: for small blocks only (code nested in lists and quotes)."""
     lexing = Lexing(code, language, theme, background)
     lexing.advance(2**63)
@@ -46,7 +44,7 @@ class Lexing:
         self._background = background
         lexer = lexer_for(language) if code else None
         self._tokens: Iterator[tuple[tuple[str, ...], str]] | None = None
-        self.lines: list[Strip] = []
+        self.lines: list[CodeLine] = []
         """The complete lines highlighted so far."""
         self.done = False
         if lexer is None:
@@ -71,14 +69,14 @@ class Lexing:
                 current.append(Segment(first, style))
                 length += cell_len(first)
             for piece in rest:
-                lines.append(Strip(current, length))
+                lines.append((tuple(current), length))
                 current = [Segment(piece, style)] if piece else []
                 length = cell_len(piece)
             count += 1
             if count % _CHECK_EVERY == 0 and perf_counter_ns() > deadline_ns:
                 self._current, self._length = current, length
                 return False
-        lines.append(Strip(current, length))
+        lines.append((tuple(current), length))
         self._current, self._length = [], 0
         self.done = True
         return True
@@ -99,7 +97,7 @@ class FenceHighlight:
         self._background = background
         self._code = ""
         self._final = False
-        self._approx: list[Strip] = []
+        self._approx: list[CodeLine] = []
         self._approx_source_lines = 0
         self._batch: Lexing | None = None
         self._batch_lines = 0
@@ -154,7 +152,7 @@ class FenceHighlight:
             self._batch = None
             self.version += 1
 
-    def lines(self) -> list[Strip]:
+    def lines(self) -> list[CodeLine]:
         """One strip per source line: exact colours once known, else batch colours, else plain text."""
         if self._exact is not None and self._exact.done:
             return self._exact.lines

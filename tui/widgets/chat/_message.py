@@ -15,12 +15,12 @@ from typing import Literal, get_args
 from rich.text import Text
 from textual.geometry import Region
 from textual.message import Message
-from textual.strip import Strip
 from textual.timer import Timer
 
 from llmchat.tui.widgets.chat._blocks import code_blocks
-from llmchat.tui.widgets.chat._document import MarkdownDocument
+from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
 from llmchat.tui.widgets.chat._frozen import FrozenLines
+from llmchat.tui.widgets.chat._lines import Line
 
 Status = Literal["done", "cancelled", "error", "cached"]
 """How a reply ended: complete, stopped by the user, failed, or served from the cache."""
@@ -58,8 +58,11 @@ class UserMessage(FrozenLines):
         """The text as given."""
         return self._text
 
-    def build_lines(self, width: int) -> list[Strip]:
+    def build_lines(self, width: int) -> list[Line]:
         return self.renderer.rich(Text(self._text, end=""), width)
+
+    def estimate_height(self, width: int) -> int:
+        return estimate_rows(self._text, width)
 
 
 class ChatMessage(FrozenLines):
@@ -146,7 +149,12 @@ class ChatMessage(FrozenLines):
         return self._final.is_set()
 
     async def wait_final(self) -> None:
-        """Return once ``is_final``; never returns for a reply that is never finished."""
+        """Return once ``is_final``; never returns for a reply that is never finished.
+
+        Code in a reply from history is highlighted once it is first seen; waiting starts it now.
+        """
+        if self._status is not None and self._timer is None and self.is_mounted and not self._final.is_set():
+            self._schedule(0)
         await self._final.wait()
 
     def code_blocks(self) -> list[str]:
@@ -210,10 +218,18 @@ class ChatMessage(FrozenLines):
             self._schedule(0)
         elif self._doc.finished:
             self._doc.bind(self.renderer)
-            if self._doc.busy:
-                self._schedule(0)
-            else:
+            if not self._doc.busy:
                 self._final.set()
+            elif not self.deferred:
+                self._schedule(0)
+
+    def first_painted(self) -> None:
+        if self._doc.finished and self._timer is None and not self._final.is_set():
+            self._schedule(0)
+
+    def estimate_height(self, width: int) -> int:
+        status = 1 if self._status_text() is not None else 0
+        return estimate_rows(self._doc.text, width) + status
 
     def _schedule(self, delay_ns: int) -> None:
         if self._timer is not None:
@@ -291,7 +307,7 @@ class ChatMessage(FrozenLines):
 
     # -- lines
 
-    def build_lines(self, width: int) -> list[Strip]:
+    def build_lines(self, width: int) -> list[Line]:
         self._doc.bind(self.renderer)
         lines = self._doc.lines(width)
         status = self._status_text()

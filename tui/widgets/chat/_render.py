@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
 
+from markdown_it import MarkdownIt
 from markdown_it.token import Token
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.markdown import Heading, HorizontalRule, MarkdownElement, TableElement, TextElement
 from rich.markdown import Markdown as RichMarkdown
 from rich.rule import Rule
@@ -24,11 +25,11 @@ from rich.text import Text
 from rich.theme import Theme
 from textual.app import App
 from textual.color import Color, ColorParseError
-from textual.strip import Strip
 
 from llmchat.tui.widgets.chat._blocks import Block
 from llmchat.tui.widgets.chat._code import cut, language_of
 from llmchat.tui.widgets.chat._highlight import FenceHighlight, highlight_now
+from llmchat.tui.widgets.chat._lines import CodeLine, Line, blank
 
 _DARK_DEFAULTS = {
     "background": "#121212",
@@ -149,8 +150,8 @@ class _Code(TextElement):
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         code = self.text.plain
-        for strip in self.renderer.code(code, self.language, options.max_width):
-            yield from strip
+        for line in self.renderer.code(code, self.language, options.max_width):
+            yield from line
             yield Segment.line()
 
 
@@ -243,23 +244,25 @@ class MarkdownRenderer:
         self.code_background = Style(bgcolor=palette.code_background)
         self._label_style = Style(color=palette.muted, italic=True)
 
-    def block(self, block: Block, width: int) -> list[Strip]:
-        """Render one block ``width`` cells wide; a code block is highlighted now, whole."""
+    def block(self, block: Block, width: int, parser: MarkdownIt) -> list[Line]:
+        """Render one block ``width`` cells wide; a code block is highlighted now, whole.
+
+        ``parser`` parses the block's source again if its tokens were released.
+        """
         if width <= 0:
             return []
-        if is_code(block):
-            token = block.tokens[0]
-            return self.code(token.content, language_of(token.info), width)
-        return self.rich(_TokenMarkdown(block.tokens, self), width)
+        if block.code is not None:
+            return self.code(block.code, language_of(block.info), width)
+        return self.rich(_TokenMarkdown(block.tokens(parser), self), width)
 
-    def blocks(self, blocks: Iterable[Block], width: int) -> list[Strip]:
+    def blocks(self, blocks: Iterable[Block], width: int, parser: MarkdownIt) -> list[Line]:
         """Render blocks as one document: a blank line between blocks, as Rich does."""
-        lines: list[Strip] = []
+        lines: list[Line] = []
         for block in blocks:
-            join(lines, self.block(block, width), width)
+            join(lines, self.block(block, width, parser), width)
         return lines
 
-    def code(self, code: str, language: str, width: int) -> list[Strip]:
+    def code(self, code: str, language: str, width: int) -> list[Line]:
         """A whole code block (``code`` may end with a newline), highlighted now, ``width`` wide.
 
         For small blocks only; top-level blocks go through ``fence_highlight`` and ``code_lines``.
@@ -273,16 +276,16 @@ class MarkdownRenderer:
         """A resumable highlighter for one code block, in this palette."""
         return FenceHighlight(language, self.palette.code_theme, self.code_background)
 
-    def code_lines(self, lines: list[Strip], language: str, width: int) -> list[Strip]:
+    def code_lines(self, lines: list[CodeLine], language: str, width: int) -> list[Line]:
         """Highlighted code lines as a code block ``width`` wide."""
         return cut(lines, width, self.code_background, label=language, label_style=self._label_style)
 
-    def rich(self, renderable: object, width: int) -> list[Strip]:
-        """Any Rich renderable as strips exactly ``width`` cells wide."""
+    def rich(self, renderable: RenderableType, width: int) -> list[Line]:
+        """Any Rich renderable as lines exactly ``width`` cells wide."""
         if width <= 0:
             return []
         options = self.console.options.update(width=width, min_width=width, max_width=width, height=None)
-        return [Strip(line, width) for line in self.console.render_lines(renderable, options, pad=True)]  # type: ignore[arg-type]
+        return [tuple(line) for line in self.console.render_lines(renderable, options, pad=True)]
 
 
 def is_code(block: Block) -> bool:
@@ -290,12 +293,12 @@ def is_code(block: Block) -> bool:
     return block.kind in ("fence", "code_block")
 
 
-def join(lines: list[Strip], block: list[Strip], width: int) -> None:
+def join(lines: list[Line], block: list[Line], width: int) -> None:
     """Append a rendered block to ``lines``, after a blank line if ``lines`` has any."""
     if not block:
         return
     if lines:
-        lines.append(Strip.blank(width))
+        lines.append(blank(width))
     lines.extend(block)
 
 
