@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
+from time import perf_counter_ns
 
 from textual.await_remove import AwaitRemove
 from textual.containers import VerticalScroll
 from textual.widget import AwaitMount, Widget
+from textual.worker import Worker
 
+from llmchat.tui.widgets.chat._frozen import FrozenLines
 from llmchat.tui.widgets.chat._message import ChatMessage, Status, UserMessage
+
+_SLICE_NS = 8_000_000
+"""Most time one slice of background history rendering takes before the loop gets a turn."""
+_PAUSE_S = 0.001
+_LAYOUT_EVERY_NS = 250_000_000
+"""Heights found by background rendering are laid out at most this often."""
 
 
 class Conversation(VerticalScroll):
@@ -25,6 +35,12 @@ class Conversation(VerticalScroll):
         scrollbar-gutter: stable;
     }
     """
+
+    def __init__(
+        self, *children: Widget, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(*children, name=name, id=id, classes=classes)
+        self._renderer_worker: Worker[None] | None = None
 
     def on_mount(self) -> None:
         self.anchor()
@@ -48,8 +64,74 @@ class Conversation(VerticalScroll):
         return message
 
     def add_history(self, messages: Iterable[Widget]) -> AwaitMount:
-        """Mount many finished messages at once (resuming a conversation): one layout for all."""
-        return self.mount_all(list(messages))
+        """Mount many finished messages at once (resuming a conversation).
+
+        Only the messages nearest the end are rendered before the first paint; the others take an
+        estimated height and are rendered in the background, newest first, a slice at a time. While
+        the view follows the end nothing moves; if the user has scrolled up, the view is shifted by
+        what the messages above it gained or lost, so what is on screen stays put.
+        """
+        widgets = list(messages)
+        # Before its first layout the conversation has no size; the screen's is an upper bound.
+        size = self.size if self.size.area else self.app.size
+        budget = size.height * 2
+        for widget in reversed(widgets):
+            if not isinstance(widget, FrozenLines):
+                continue
+            if budget > 0:
+                budget -= widget.estimate_height(max(20, size.width - 4))
+            else:
+                widget.defer_rendering()
+        self.call_after_refresh(self._render_deferred)
+        return self.mount_all(widgets)
+
+    def _render_deferred(self) -> None:
+        if self._renderer_worker is None or self._renderer_worker.is_finished:
+            self._renderer_worker = self.run_worker(self._render_deferred_slices(), group="history")
+
+    async def _render_deferred_slices(self) -> None:
+        # A layout of a long conversation costs tens of ms, so heights found in many slices are
+        # applied together: the messages rendered here are off screen, nothing visible waits on them.
+        changed: list[FrozenLines] = []
+        last_layout = perf_counter_ns()
+        while waiting := [c for c in reversed(self.children) if isinstance(c, FrozenLines) and c.deferred]:
+            deadline = perf_counter_ns() + _SLICE_NS
+            for widget in waiting:
+                if widget.render_now(layout=False):
+                    changed.append(widget)
+                if perf_counter_ns() > deadline:
+                    break
+            if changed and perf_counter_ns() - last_layout > _LAYOUT_EVERY_NS:
+                self._apply_heights(changed)
+                changed = []
+                last_layout = perf_counter_ns()
+            # Let the loop run (input, frames) between slices.
+            await asyncio.sleep(_PAUSE_S)
+        self._apply_heights(changed)
+
+    def _apply_heights(self, changed: list[FrozenLines]) -> None:
+        if not changed:
+            return
+        # Keep what is on screen in place: note the message at the top of the view and where in it
+        # the view starts, then scroll back to that spot once the new heights are laid out.
+        anchor = None if self.following else self._message_at_top()
+        for widget in changed:
+            widget.refresh(layout=True)
+        if anchor is not None:
+            self.call_after_refresh(self._scroll_back, *anchor)
+
+    def _message_at_top(self) -> tuple[Widget, int] | None:
+        top = round(self.scroll_y)
+        for child in self.children:
+            region = child.virtual_region
+            if region.bottom > top:
+                return child, top - region.y
+        return None
+
+    def _scroll_back(self, widget: Widget, offset: int) -> None:
+        if not self.following and widget.parent is self:
+            y = widget.virtual_region.y + offset
+            self.scroll_to(y=y, animate=False, immediate=True, release_anchor=False)
 
     def clear(self) -> AwaitRemove:
         """Remove every message; the view follows new text again."""
