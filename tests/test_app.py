@@ -150,6 +150,10 @@ async def test_offline_badge_and_hud_toggle(local_server: RunningServer, tmp_pat
         assert not hud.display
         await pilot.press("f2")
         assert hud.display
+        await pilot.press("f5")  # the charts with axes, from anywhere in the app
+        await _until(pilot, lambda: type(app.screen).__name__ == "HudDetail")
+        await pilot.press("escape")
+        await _until(pilot, lambda: app.screen is app.screen_stack[0])
 
 
 async def test_hud_folds_away_on_narrow_terminals(local_server: RunningServer, tmp_path: Path) -> None:

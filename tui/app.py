@@ -70,6 +70,7 @@ class ChatApp(App[None]):
         Binding("ctrl+b", "toggle_mode", "Stream/Batch", id="mode.toggle"),
         Binding("escape", "cancel_reply", "Cancel", id="reply.cancel", priority=True),
         Binding("f2", "toggle_hud", "HUD", id="hud.toggle"),
+        Binding("f5", "hud_detail", "Charts", id="hud.charts"),
         # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
         Binding("f3", "copy_reply", "Copy reply", id="copy.reply"),
         Binding("f4", "copy_code", "Copy code", id="copy.code"),
@@ -196,6 +197,9 @@ class ChatApp(App[None]):
 
     def action_toggle_hud(self) -> None:
         self.show_hud = not self.show_hud
+
+    def action_hud_detail(self) -> None:
+        self.query_one(Hud).action_detail()
 
     def action_cancel_reply(self) -> None:
         if self.screen is not self.screen_stack[0]:
