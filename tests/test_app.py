@@ -182,3 +182,22 @@ async def test_copy_last_reply(local_server: RunningServer, tmp_path: Path) -> N
         assert app.clipboard == reply.text
         await pilot.press("f4")
         assert reply.code_blocks() and app.clipboard == reply.code_blocks()[-1]
+
+
+async def test_request_log_and_metrics_port(local_server: RunningServer, tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    from llmchat.core._settings import LogSettings
+
+    log = tmp_path / "requests.jsonl"
+    settings = _settings(tmp_path, log=LogSettings(requests_path=str(log)))
+    app = _app(local_server, tmp_path, settings=settings, metrics_port=0)
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "log me")
+        await _until(pilot, lambda: reply.is_final)
+        exporter = next(o for o in app._observers if hasattr(o, "url"))
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(exporter.url, timeout=5).read().decode())
+    assert "llmchat_request_duration_seconds" in body
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["http_version"] == "HTTP/2"

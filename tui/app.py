@@ -22,6 +22,8 @@ from textual.worker import WorkerState
 
 from llmchat.core import APIError, ChatClient, Settings, UsageError, Warmer
 from llmchat.core._history import HistoryStore
+from llmchat.core._prometheus import start_exporter
+from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.screens.history import HistoryScreen
@@ -92,6 +94,7 @@ class ChatApp(App[None]):
         continue_last: bool = False,
         offline: Offline | None = None,
         clients: dict[str, ChatClient] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -104,6 +107,8 @@ class ChatApp(App[None]):
         self.system_prompt = ""
         self.history: list[dict[str, str]] = []
         self.warmer: Warmer | None = None
+        self.metrics_port = metrics_port
+        self._observers: list[Any] = []
         self._last_reply: ChatMessage | None = None
         # Initial values without running the watchers: nothing is mounted yet.
         self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
@@ -139,6 +144,12 @@ class ChatApp(App[None]):
         return f"{where} · {self.client.model or 'default model'} · {'stream' if self.stream_mode else 'batch'}"
 
     async def on_mount(self) -> None:
+        # Every provider's client shares this bus, so one request log and one exporter see them all.
+        self._observers.append(attach_observers(self.client.bus, self.settings))
+        if self.metrics_port is not None:
+            exporter = start_exporter(self.client.bus, self.metrics_port)
+            self._observers.append(exporter)
+            self.notify(f"Prometheus metrics at {exporter.url}", timeout=5)
         if self.settings.keymap:
             self.set_keymap(dict(self.settings.keymap))
         self._show_endpoint()
@@ -162,6 +173,8 @@ class ChatApp(App[None]):
             await self.warmer.aclose()
         for client in self.clients.values():
             await client.aclose()
+        for observer in self._observers:
+            observer.close()
         await self.store.aclose()
 
     def on_resize(self, event: Any) -> None:
@@ -395,11 +408,12 @@ def make_app(
     conversation_id: int | None = None,
     continue_last: bool = False,
     offline: Offline | None = None,
+    metrics_port: int | None = None,
 ) -> ChatApp:
     """The app factory tests and the command line build the app through. The app closes ``client`` and
     ``store`` when it exits."""
     return ChatApp(settings=settings, client=client, store=store, conversation_id=conversation_id,
-                   continue_last=continue_last, offline=offline)
+                   continue_last=continue_last, offline=offline, metrics_port=metrics_port)
 
 
 __all__ = ["ChatApp", "Offline", "make_app", "reply_note"]

@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "$XDG_CONFIG_HOME/llmchat/config.toml)")
     parser.add_argument("--continue", dest="continue_last", action="store_true",
                         help="reopen the last conversation in the chat app")
+    parser.add_argument("--metrics-port", dest="app_metrics_port", type=int, metavar="PORT",
+                        help="the chat app serves Prometheus metrics on 127.0.0.1:PORT")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
@@ -42,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmchat.tui.commands import chat
 
         func = chat.run
-        for name in ("provider", "model", "base_url"):
+        for name in ("provider", "model", "base_url", "app_metrics_port"):
             setattr(args, name, getattr(args, name, None))
     try:
         return int(func(args))

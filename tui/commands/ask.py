@@ -10,10 +10,13 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from llmchat.core import ChatClient, Settings, attribute, format_shares, load_settings
 from llmchat.core._errors import APIError, UsageError
+from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.commands._provider import offline_default
 
@@ -69,7 +72,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     record: TimingRecord | None = None
     error: APIError | None = None
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2) as client:
+                          http2=http2) as client, _observed(client, settings):
         if args.batch:
             try:
                 reply = await client.complete(messages, **params)
@@ -111,6 +114,16 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         print(f"llmchat: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+@asynccontextmanager
+async def _observed(client: ChatClient, settings: Settings) -> AsyncIterator[None]:
+    """The request log (log.requests_path) for the duration, flushed before the command exits."""
+    observers = attach_observers(client.bus, settings)
+    try:
+        yield
+    finally:
+        await observers.aclose()
 
 
 def stats_line(r: TimingRecord) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from llmchat.core import ChatClient, load_settings
 from llmchat.core._errors import UsageError
+from llmchat.core._requestlog import attach_observers
 from llmchat.core._jobs import Job, JobSummary, done_ids, open_output, read_jobs, run_jobs
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.commands._provider import offline_default
@@ -70,11 +71,13 @@ async def _run(args: argparse.Namespace, settings, todo: list[Job], out_path: Pa
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
                           http2=http2) as client:  # type: ignore[arg-type]
+        observers = attach_observers(client.bus, settings)
         with open_output(out_path) as out:
             try:
                 return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)
             finally:
                 progress.close()
+                await observers.aclose()
 
 
 class Progress:

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--provider", help="a provider name from the config")
     p.add_argument("--model", help="the model (default: the provider's)")
     p.add_argument("--base-url", help="an OpenAI-compatible API root to use instead of a configured provider")
+    p.add_argument("--metrics-port", dest="app_metrics_port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT (0 takes a free port)")
     p.set_defaults(func=run)
 
 
@@ -31,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
                             model=args.model or model, http2=http2)
         app = make_app(settings=settings, client=client, store=HistoryStore(),
-                       continue_last=bool(getattr(args, "continue_last", False)), offline=offline)
+                       continue_last=bool(getattr(args, "continue_last", False)), offline=offline,
+                       metrics_port=getattr(args, "app_metrics_port", None))
         app.run()
     return 0
