@@ -325,20 +325,26 @@ async def _fill(conversation: Conversation, replies: int) -> None:
     )
 
 
+async def _all_rendered(conversation: Conversation, pilot: object) -> None:
+    await until(lambda: not any(m.deferred for m in conversation.messages()), pilot)
+    await pilot.pause()  # type: ignore[attr-defined]
+
+
 async def test_the_view_follows_new_text_only_while_at_the_bottom() -> None:
     app = ChatApp()
     async with app.run_test(size=(60, 20)) as pilot:
         conversation = app.query_one(Conversation)
         await _fill(conversation, 6)
+        await _all_rendered(conversation, pilot)
         message = conversation.add_assistant()
         await pilot.pause()
         message.append("line\n\n" * 10)
         await app.next_frame()
         assert conversation.following and conversation.scroll_y == conversation.max_scroll_y > 0
 
-        conversation.scroll_to(y=3, animate=False)
-        await pilot.pause()
-        assert not conversation.following and conversation.scroll_y == 3
+        conversation.scroll_to(y=3, animate=False)  # applied after the next refresh
+        await until(lambda: conversation.scroll_y == 3, pilot)
+        assert not conversation.following
         bottom = conversation.max_scroll_y
         message.append("more\n\n" * 20)
         await app.next_frame()
@@ -359,6 +365,7 @@ async def test_scrolling_down_at_the_bottom_keeps_following() -> None:
     async with app.run_test(size=(60, 20)) as pilot:
         conversation = app.query_one(Conversation)
         await _fill(conversation, 6)
+        await _all_rendered(conversation, pilot)
         message = conversation.add_assistant()
         await pilot.pause()
         assert conversation.scroll_y == conversation.max_scroll_y
@@ -384,11 +391,6 @@ async def test_resuming_200_messages_mounts_them_all_and_shows_the_end() -> None
         assert last is not None and last.text.startswith("Answer 99.")
         await conversation.clear()
         assert conversation.messages() == [] and conversation.following
-
-
-async def _all_rendered(conversation: Conversation, pilot: object) -> None:
-    await until(lambda: not any(m.deferred for m in conversation.messages()), pilot)
-    await pilot.pause()  # type: ignore[attr-defined]
 
 
 async def test_a_long_history_mounts_on_estimates_then_renders_for_real_in_the_background() -> None:

@@ -38,7 +38,9 @@ class _View:
 
     settled: list[tuple[int, list[Line]]] = field(default_factory=list)
     """Per settled block: the highlight version it was rendered with (-1 for prose), its lines."""
-    tail_key: tuple[int, ...] | None = None
+    tail_version: int = -1
+    tail_blocks: list[tuple[int, list[Line]]] = field(default_factory=list)
+    """Per tail block, as of ``tail_version``: the highlight version it was rendered with, its lines."""
     tail: list[Line] = field(default_factory=list)
     lines: list[Line] | None = None
 
@@ -132,12 +134,24 @@ class MarkdownDocument:
                 view.settled.append((stamp, self._render(block, width)))
             changed = True
         tail = self._stream.tail
-        tail_key = (self._tail_version, *(self._stamp(block) for block in tail))
-        if view.tail_key != tail_key:
-            view.tail_key = tail_key
+        if view.tail_version != self._tail_version:
+            view.tail_version = self._tail_version
+            view.tail_blocks = []
+        # Until the next sync the tail blocks stay the same; only a code block's colours can change.
+        tail_changed = len(view.tail_blocks) != len(tail)
+        for index, block in enumerate(tail):
+            stamp = self._stamp(block)
+            if index < len(view.tail_blocks):
+                if view.tail_blocks[index][0] == stamp:
+                    continue
+                view.tail_blocks[index] = (stamp, self._render(block, width))
+            else:
+                view.tail_blocks.append((stamp, self._render(block, width)))
+            tail_changed = True
+        if tail_changed:
             view.tail = []
-            for block in tail:
-                join(view.tail, self._render(block, width), width)
+            for _, block_lines in view.tail_blocks:
+                join(view.tail, block_lines, width)
             changed = True
         if changed or view.lines is None:
             lines: list[Line] = []
