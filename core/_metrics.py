@@ -14,6 +14,12 @@ What goes where:
 - A cancelled request counts in ``cancelled``, never in ``errors``: the user chose it.
 - A cache miss is a finished request that was neither a hit nor cancelled, so ``hit_ratio`` is the share of
   requests the cache answered.
+- Attribution (where a request's time went, ``_attribution.attribute``) is computed once per finished
+  request, never per chunk, with a ``ColdStartDetector`` this pipeline owns (it sees every finished request,
+  in order). ``last_attribution`` is the last request's, whatever its outcome; ``attribution_shares()``
+  splits the requests of the latency windows (same rule: no errors, cancels or cache hits). The slowest
+  frame painted since that request's turn began is its render lag, in ``last_attribution.after``, outside
+  its total.
 
 Nothing happens per chunk by default: the stall check reads the last-token stamp of the requests in flight,
 and chunks are counted from each finished record. ``subscribe(bus, chunks=True)`` counts them live instead,
@@ -28,7 +34,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from llmchat.core._attribution import RENDER_LAG, Attribution, attribute, shares_over
 from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._timing import TimingRecord
 
 Series = Literal["ttfb", "ttft", "total", "tokens_per_s", "render_lag"]
@@ -105,9 +113,11 @@ class Metrics:
         *,
         prices: Mapping[str, Price | tuple[float, float]] | None = None,
         render_window: int = 240,
+        detector: ColdStartDetector | None = None,
     ) -> None:
         """``window`` must be positive (ValueError otherwise); ``render_window`` is how many render-lag
-        samples are kept (one per painted frame, so more than requests)."""
+        samples are kept (one per painted frame, so more than requests); ``detector`` flags cold starts in the
+        attributions (a default ``ColdStartDetector()`` when not given)."""
         if window < 1 or render_window < 1:
             raise ValueError("Metrics windows must hold at least one value")
         self.window = window
@@ -119,6 +129,10 @@ class Metrics:
         self._listeners: list[Callable[[], None]] = []
         self._retry: tuple[TimingRecord, object, Any, int] | None = None
         self._chunks_live = False  # True while Chunk events are counted as they come (subscribe(chunks=True))
+        self.detector = detector if detector is not None else ColdStartDetector()
+        self._attributions: deque[Attribution] = deque(maxlen=window)
+        self._shares: dict[str, float] | None = None
+        self._turn_lag_ms: float | None = None  # the slowest frame since the current turn's first request
 
         self.started = 0
         self.requests = 0
@@ -130,6 +144,8 @@ class Metrics:
         self.chunks = 0
         self.last_chunk_ns: int | None = None
         self.last: TimingRecord | None = None
+        self.last_attribution: Attribution | None = None
+        """Where the last finished request's time went (any outcome); None before the first."""
         self.cost_total: float | None = None
         self.cost_last: float | None = None
         self.cost_unknown = 0
@@ -185,6 +201,18 @@ class Metrics:
         if cached is None:
             cached = self._pct[name] = _three(sorted(self._windows[name]))
         return cached
+
+    def attribution_shares(self) -> dict[str, float]:
+        """Each group's share of the summed totals of the windowed requests (replies from the network), in
+        bar order; {} before the first. Computed once per finished request, when asked."""
+        if self._shares is None:
+            self._shares = shares_over(self._attributions)
+        return self._shares
+
+    @property
+    def attributions(self) -> list[Attribution]:
+        """The attributions behind ``attribution_shares``, oldest first (a new list)."""
+        return list(self._attributions)
 
     def pending_since_ns(self) -> int | None:
         """The start (perf_counter_ns) of the oldest request in flight; None when none is."""
@@ -252,6 +280,8 @@ class Metrics:
     def observe_started(self, record: TimingRecord) -> None:
         """A request went out: in flight until its ``observe_done``."""
         self.started += 1
+        if not self._live:
+            self._turn_lag_ms = None  # a new turn: its frames are the ones its attribution carries
         self._live[id(record)] = record
         self.requests_version += 1
         self._changed()
@@ -283,6 +313,8 @@ class Metrics:
             self.chunks += record.content_chunks
         self.requests += 1
         self.last = record
+        # Once per request (~50 us), and the detector must see every finished record, in order.
+        self.last_attribution = attribute(record, render_lag_ms=self._turn_lag_ms, detector=self.detector)
         if record.cancelled:
             self.cancelled += 1
         elif record.error is not None or record.error_kind is not None:
@@ -297,6 +329,8 @@ class Metrics:
                 self._add_window("ttft", record.ttft_ms)
             self._add_window("total", record.total_ms)
             self._add_window("tokens_per_s", record.tokens_per_s)
+            self._attributions.append(self.last_attribution)
+            self._shares = None
         self._add_cost(record)
         self.requests_version += 1
         self.done_version += 1
@@ -313,6 +347,12 @@ class Metrics:
         """The time from a chunk's arrival to the frame that painted it, measured by the chat view."""
         self._windows["render_lag"].append(ms)
         self._pct.pop("render_lag", None)
+        if self._turn_lag_ms is None or ms > self._turn_lag_ms:
+            self._turn_lag_ms = ms
+            last = self.last_attribution
+            if last is not None and not self._live:
+                # The reply's last frames are painted after its RequestDone: they still belong to it.
+                last.after = [RENDER_LAG._replace(ms=ms)]
         self.render_version += 1
         self._changed()
 

@@ -7,18 +7,24 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.pilot import Pilot
 from textual.widgets import Static
-from timing_records import record
+from timing_records import T0, record
 
+from llmchat.core._attribution import GROUPS, attribute, shares_over
 from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._coldstart import ColdStartDetector
+from llmchat.core._metrics import Metrics
 from llmchat.core._retry import RetryEvent
 from llmchat.core._settings import UISettings
 from llmchat.core._timing import TimingRecord
-from llmchat.tui.widgets.hud import Hud, HudDetail, PlotChart
+from llmchat.tui.widgets.hud import AttributionPanel, Hud, HudDetail, PlotChart
+from llmchat.tui.widgets.hud._attribution import BADGES, GROUP_LOOK, MIN_SHARE, MUTE_MS, segments
 
 WAIT_S = 5.0
 
@@ -312,3 +318,223 @@ async def test_a_hidden_hud_paints_nothing_and_catches_up_when_shown() -> None:
         assert hud.frames == frames and "requests 1" in text(hud.stats)
         hud.display = True
         await until(pilot, lambda: "requests 3" in text(hud.stats), "the HUD to catch up once shown")
+
+
+# --- where the time went: Metrics keeps the attributions, the panel draws them --------------------------
+
+
+def served(
+    r: TimingRecord, *, queue_ms: float = 0.5, early_ms: float = 8.0, late_ms: float = 10.0
+) -> TimingRecord:
+    """``r`` as llmchat serve reports it: queued ``queue_ms``, its first token sent ``early_ms`` before the
+    client saw it and its last ``late_ms`` before the end (stamps on the server's own clock)."""
+    assert r.first_token_ns is not None and r.end_ns is not None
+    r.server_timing = {
+        "received_ns": 0,
+        "started_ns": round(queue_ms * 1e6),
+        "first_token_ns": r.first_token_ns - r.t0_ns - round(early_ms * 1e6),
+        "last_token_ns": r.end_ns - r.t0_ns - round(late_ms * 1e6),
+    }
+    return r
+
+
+class CountingDetector(ColdStartDetector):
+    """A real detector that also counts how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def observe(self, record: TimingRecord) -> bool:
+        self.calls += 1
+        return super().observe(record)
+
+
+def bar_cells(panel: AttributionPanel) -> list[str]:
+    """The group of each cell of the panel's bar line, read back from its glyphs and styles."""
+    content = panel.content
+    assert isinstance(content, Content)
+    line = content.plain.split("\n")[0]
+    looks = {(glyph, style): group for group, (_, glyph, style) in GROUP_LOOK.items()}
+    cells = []
+    for i, glyph in enumerate(line):
+        styles = {str(s.style) for s in content.spans if s.start <= i < s.end}
+        assert len(styles) == 1, (i, styles)
+        cells.append(looks[(glyph, styles.pop())])
+    return cells
+
+
+def panel_line(panel: AttributionPanel, n: int) -> str:
+    return str(panel.content).split("\n")[n]
+
+
+def test_metrics_attributes_each_finished_request_once_not_per_chunk() -> None:
+    detector = CountingDetector()
+    m = Metrics(window=3, detector=detector)
+    bus = Bus()
+    m.subscribe(bus, chunks=True)
+    r = served(record(ttft_ms=50.0, total_ms=400.0))
+    bus.publish(RequestStarted(r))
+    for i in range(50):
+        bus.publish(Chunk(r, "x", r.t0_ns + i))
+    assert detector.calls == 0 and m.last_attribution is None
+    bus.publish(RequestDone(r))
+    assert detector.calls == 1
+    a = m.last_attribution
+    assert a is not None and a == attribute(r)  # the same parts as the core gives, nothing added
+    assert a.reporter == "llmchat serve" and a.ms("server_generation") > 0
+    # The window keeps the replies from the network; the last attribution follows every outcome.
+    failed = record(error="boom", error_kind="timeout")
+    hit = record(cache_hit=True, total_ms=3.0)
+    m.observe_many([failed, hit])
+    assert detector.calls == 3
+    assert m.last_attribution is not None and m.last_attribution.flags == ["cache_hit"]
+    assert m.attributions == [a]
+    replies = [served(record(ttft_ms=40.0 + i, total_ms=300.0 + 50 * i)) for i in range(4)]
+    m.observe_many(replies)
+    assert len(m.attributions) == 3  # the window rolls
+    assert m.attribution_shares() == pytest.approx(shares_over(attribute(x) for x in replies[-3:]))
+    assert m.attribution_shares() is m.attribution_shares()  # computed once per finished request
+
+
+def test_metrics_carries_the_turns_slowest_frame_as_render_lag_after_the_total() -> None:
+    m = Metrics()
+    first = record(ttft_ms=50.0, total_ms=400.0)
+    m.observe_render_lag(99.0)  # a frame before any request: not this turn's
+    m.observe_started(first)
+    m.observe_render_lag(4.0)
+    m.observe_render_lag(9.0)
+    m.observe_render_lag(3.0)
+    m.observe_done(first)
+    a = m.last_attribution
+    assert a is not None and [(p.key, p.ms) for p in a.after] == [("render_lag", 9.0)]
+    assert a.total_ms == pytest.approx(400.0, abs=1e-6)  # outside the total
+    m.observe_render_lag(12.0)  # the reply's last frame, painted after RequestDone
+    assert [p.ms for p in a.after] == [12.0]
+    second = record(ttft_ms=50.0, total_ms=400.0)
+    m.observe_started(second)
+    m.observe_render_lag(2.0)
+    assert [p.ms for p in a.after] == [12.0]  # the next turn's frames are not the last one's
+    m.observe_done(second)
+    assert m.last_attribution is not None and [p.ms for p in m.last_attribution.after] == [2.0]
+
+
+@given(
+    st.dictionaries(st.sampled_from(GROUPS), st.floats(min_value=-50, max_value=1e5, allow_nan=False),
+                    min_size=1),
+    st.integers(min_value=1, max_value=120),
+)
+def test_bar_segments_fill_the_width_in_proportion(groups: dict[str, float], width: int) -> None:
+    cells = segments(groups, width)
+    positive = {g: ms for g, ms in groups.items() if ms > 0}
+    total = sum(positive.values())
+    if not cells:
+        assert total <= 0  # else the largest group is named, and drawn
+        return
+    assert sum(n for _, n in cells) == width
+    assert [g for g, _ in cells] == [g for g in GROUPS if g in dict(cells)]  # bar order
+    named = {g for g, ms in positive.items() if ms >= MIN_SHARE * total}
+    assert {g for g, _ in cells} <= named
+    if len(named) <= width:
+        assert {g for g, _ in cells} == named  # every group the legend names has a cell
+    shown = sum(positive[g] for g in named)
+    for g, n in cells:
+        # Largest remainder, plus at most the cells lent to groups under one cell each.
+        assert abs(n - positive[g] * width / shown) <= len(named)
+
+
+async def test_the_panel_draws_the_last_requests_split_and_the_windows_shares() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        panel = hud.attribution
+        assert panel_line(panel, 0) == "no request yet"
+        r = served(record(ttft_ms=60.0, total_ms=500.0), queue_ms=0.5, early_ms=20.0, late_ms=60.0)
+        r.decode_ns, r.decode_before_first_ns = 25_000_000, 5_000_000  # the client's share: decoding
+        finish(app.bus, r)
+        await until(pilot, lambda: "█" in panel_line(panel, 0), "the bar")
+        a = attribute(r)
+        groups = a.group_ms()
+        assert set(groups) == {"client", "network", "server", "unexplained"}
+        cells = bar_cells(panel)
+        assert len(cells) == panel.content_size.width  # the width of the panel
+        shown = {g: ms for g, ms in groups.items() if ms >= MIN_SHARE * a.total_ms}
+        for group, ms in shown.items():
+            exact = ms * len(cells) / sum(shown.values())
+            assert abs(cells.count(group) - exact) <= len(shown), (group, cells.count(group), exact)
+        assert cells == sorted(cells, key=GROUPS.index)  # one segment per group, in bar order
+        # The legend: largest first, from the attribution's own shares.
+        ranked = sorted(a.shares().items(), key=lambda kv: -kv[1])
+        want = " · ".join(f"{GROUP_LOOK[g][0]} {round(s * 100)}%" for g, s in ranked if round(s * 100))
+        assert want.startswith("srv") and "cli" in want
+        assert panel_line(panel, 1) == want
+        assert styles_of(panel, "srv") == {"$accent"} and styles_of(panel, "net") == {"$primary"}
+        assert panel_line(panel, 2).startswith("last 1  " + want)
+        assert panel_line(panel, 3) == "server times: llmchat serve"
+        # A failure changes the bar, not the window's shares (it has no reply from the network).
+        finish(app.bus, record(error="refused", error_kind="connect"))
+        await until(pilot, lambda: "the request ended early (connect)" in panel_line(panel, 3), "the failure")
+        assert panel_line(panel, 2).startswith("last 1  " + want)
+
+
+async def test_the_panel_mutes_a_small_negative_unexplained_and_shows_a_large_one() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        panel = app.query_one(Hud).attribution
+        # OpenAI's header says 1 ms more than the 13.7 ms from the end of the send to the headers.
+        small = record(ttft_ms=60.0, total_ms=400.0, ttfb_ms=20.0, reused=True, server_processing_ms=20.5)
+        a = attribute(small)
+        assert -MUTE_MS < a.ms("unexplained") < 0 and any("negative unexplained" in n for n in a.notes)
+        finish(app.bus, small)
+        await until(pilot, lambda: "srv" in panel_line(panel, 1), "the first split")
+        assert "?" not in panel_line(panel, 1) and "?" not in panel_line(panel, 2)
+        assert "negative" not in panel_line(panel, 3) and "░" not in panel_line(panel, 0)
+        # 150 ms more than the span: that is news, in the legend (warning colour) and in the notes.
+        large = record(ttft_ms=60.0, total_ms=400.0, ttfb_ms=20.0, reused=True, server_processing_ms=170.0)
+        finish(app.bus, large)
+        pct = round(attribute(large).shares()["unexplained"] * 100)
+        assert pct < 0
+        await until(pilot, lambda: panel_line(panel, 1).endswith(f" · ? {pct}%"), "the negative remainder")
+        assert styles_of(panel, f" {pct}%") == {"$warning"}
+        assert "negative unexplained" in panel_line(panel, 3)
+
+
+async def test_the_panel_shows_flags_as_badges() -> None:
+    app = HudApp()
+    async with app.run_test(size=(120, 50)) as pilot:
+        panel = app.query_one(Hud).attribution
+        # Three ordinary first tokens, then one far slower after two minutes of silence: a cold start.
+        finish(app.bus, *(served(record(ttft_ms=50.0, total_ms=300.0)) for _ in range(3)))
+        cold = served(record(ttft_ms=900.0, total_ms=1200.0, t0_ns=T0 + 120 * 10**9))
+        finish(app.bus, cold)
+        await until(pilot, lambda: "cold start" in panel_line(panel, 3), "the cold-start badge")
+        assert styles_of(panel, " cold start ") == {BADGES["cold_start"][1]}
+        # The server queued it for most of its first token: saturated.
+        busy = served(record(ttft_ms=200.0, total_ms=500.0, t0_ns=T0 + 121 * 10**9), queue_ms=150.0)
+        finish(app.bus, busy)
+        await until(pilot, lambda: "saturated" in panel_line(panel, 3), "the saturation badge")
+        assert "cold start" not in panel_line(panel, 3)
+        finish(app.bus, record(cache_hit=True, total_ms=2.0))
+        await until(pilot, lambda: "cache hit" in panel_line(panel, 3), "the cache-hit badge")
+        assert panel_line(panel, 1) == "cli 100%"
+
+
+async def test_the_panel_repaints_only_when_a_request_finished() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        finish(app.bus, served(record()))
+        await until(pilot, lambda: "srv" in panel_line(hud.attribution, 1), "the first split")
+        painted = hud.attribution.content
+        r = record(t0_ns=time.perf_counter_ns())
+        r.first_token_ns = r.last_token_ns = r.end_ns = None
+        app.bus.publish(RequestStarted(r))
+        app.bus.publish(Chunk(r, "x", time.perf_counter_ns()))
+        hud.metrics.observe_render_lag(5.0)
+        await until(pilot, lambda: "p50" in text(hud.lag_line) and "waiting" in text(hud.pending_panel),
+                    "the live lines")
+        assert hud.attribution.content is painted  # other topics repainted, not this one
+        r.first_token_ns = r.t0_ns + 40_000_000
+        r.last_token_ns = r.end_ns = r.t0_ns + 90_000_000
+        app.bus.publish(RequestDone(r))
+        await until(pilot, lambda: hud.attribution.content is not painted, "the repaint on done")

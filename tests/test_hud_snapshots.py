@@ -37,10 +37,19 @@ def feed(bus: Bus, records: list[TimingRecord]) -> None:
         bus.publish(RequestDone(r))
 
 
+def server_timing(queue_ms: float, ttft_ms: float, total_ms: float) -> dict[str, int]:
+    """What llmchat serve reports (its own monotonic stamps): queued ``queue_ms``, first token sent 8 ms
+    before the client saw it, last token 10 ms before the end."""
+    ms = 1_000_000
+    return {"received_ns": 0, "started_ns": int(queue_ms * ms), "first_token_ns": int((ttft_ms - 8) * ms),
+            "last_token_ns": int((total_ms - 10) * ms)}
+
+
 def stream_records() -> list[TimingRecord]:
     usage: dict[str, Any] = {"prompt_tokens": 1200, "usage_from_server": True}
     shape = [(62, 410), (48, 380), (55, 520), (140, 900), (51, 395), (230, 1210), (49, 402), (58, 450)]
-    out = [record(ttft_ms=ttft, total_ms=total, ttfb_ms=ttft - 15, reused=i > 0, **usage)
+    out = [record(ttft_ms=ttft, total_ms=total, ttfb_ms=ttft - 15, reused=i > 0,
+                  server_timing=server_timing(30.0 if i == len(shape) - 1 else 0.5, ttft, total), **usage)
            for i, (ttft, total) in enumerate(shape)]
     out.insert(5, record(reused=True, error="localhost:8000 timed out", error_kind="timeout"))
     out.insert(7, record(ttft_ms=3.0, total_ms=9.0, reused=True, cache_hit=True))

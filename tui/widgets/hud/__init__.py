@@ -1,5 +1,6 @@
 """The HUD: the live latency side panel (``Hud``) and its parts, fed by ``llmchat.core._metrics.Metrics``."""
 
+from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
 from llmchat.tui.widgets.hud._detail import HudDetail, PlotChart
@@ -10,6 +11,7 @@ from llmchat.tui.widgets.hud._stats import HudStats
 from llmchat.tui.widgets.hud._waterfall import Waterfall
 
 __all__ = [
+    "AttributionPanel",
     "ConnectionPanel",
     "Endpoint",
     "Hud",

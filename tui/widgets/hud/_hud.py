@@ -22,6 +22,7 @@ from textual.widgets import Static
 from llmchat.core._bus import Bus
 from llmchat.core._metrics import Metrics, prices_from_settings
 from llmchat.core._settings import UISettings
+from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
 from llmchat.tui.widgets.hud._detail import HudDetail
@@ -98,6 +99,7 @@ class Hud(VerticalScroll, can_focus=True):
         self.pending_panel = PendingPanel(id="hud-pending")
         self.charts = HudCharts(id="hud-charts")
         self.waterfall = Waterfall(id="hud-waterfall")
+        self.attribution = AttributionPanel(id="hud-attribution")
         self.stats = HudStats(with_cost=bool(self.metrics.prices), id="hud-stats")
         self.lag_line = RenderLagLine(id="hud-lag")
 
@@ -116,6 +118,8 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.charts
             yield Static("last request", classes="hud-title")
             yield self.waterfall
+            yield Static("where the time went", classes="hud-title")
+            yield self.attribution
             yield Static("figures", classes="hud-title")
             yield self.stats
 
@@ -188,6 +192,7 @@ class Hud(VerticalScroll, can_focus=True):
             seen["done"] = m.done_version
             self.charts.show(m, sla)
             self.waterfall.show(m.last, sla)
+            self.attribution.show(m)
             if not (self.provider and self.model and self.host):
                 seen["connection"] = -1  # the last record may name what the shell did not
             painted = True
