@@ -17,6 +17,9 @@ Definitions (the engine's, see ``_timing.py``; they follow vLLM's ``benchmark_se
   ``--goodput``. With no SLO given there is no goodput figure.
 - error rate: failed requests / all requests, overall and per class (``record.error_kind``: http_429,
   http_503, stream_cut, timeout_read, connect ...).
+- where the time went: per attribution part (``_attribution.PARTS``: server_queue, network_first_token,
+  decode ...), p50/p90/p99 over the successful requests that have the part (``n`` of them: a reused
+  connection has no connect part), and each group's share of their summed totals.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmchat.core._attribution import PARTS, Attribution, attribute, part_samples, shares_over
 from llmchat.core._timing import TimingRecord, percentile
 
 QUANTILES = (50, 90, 99)
@@ -92,6 +96,10 @@ class ConfigStats:
     long_prompts: int
     slo: SLO = field(default_factory=SLO)
     good: int = 0
+    attribution: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Per part key present, in ``PARTS`` order: p50, p90, p99 (ms) and n (requests with the part)."""
+    attribution_shares: dict[str, float] = field(default_factory=dict)
+    """Each group's share of the successful requests' summed totals, in bar order."""
 
     @property
     def failed(self) -> int:
@@ -157,6 +165,9 @@ class ConfigStats:
             "retries": self.retries,
             "cache_hits": self.cache_hits,
             "long_prompts": self.long_prompts,
+            "attribution": {k: {q: (_r(v) if q != "n" else v) for q, v in row.items()}
+                            for k, row in self.attribution.items()},
+            "attribution_shares": {g: round(v, 4) for g, v in self.attribution_shares.items()},
         }
 
 
@@ -186,13 +197,32 @@ def latency_table(values: dict[str, list[float]]) -> dict[str, dict[str, float |
     return table
 
 
+def part_table(attributions: Iterable[Attribution]) -> dict[str, dict[str, float | None]]:
+    """``{part_key: {"p50", "p90", "p99", "n"}}`` over ``attributions``, for the parts present, in ``PARTS``
+    order; each part's percentiles cover the attributions that have it (``n`` of them)."""
+    samples = part_samples(attributions)
+    table: dict[str, dict[str, float | None]] = {}
+    for key in [*PARTS, *(k for k in samples if k not in PARTS)]:
+        values = samples.get(key)
+        if values:
+            row: dict[str, float | None] = {f"p{q}": percentile(values, q) for q in QUANTILES}
+            row["n"] = len(values)
+            table[key] = row
+    return table
+
+
 def summarize(
     name: str, records: Sequence[TimingRecord], wall_ns: int, *, slo: SLO | None = None,
-    long_prompts: int = 0,
+    long_prompts: int = 0, attributions: Sequence[Attribution] | None = None,
 ) -> ConfigStats:
-    """The figures of one configuration from its records and its wall time. Pure; never fails (no records
-    gives zeros and Nones)."""
+    """The figures of one configuration from its records and its wall time. ``attributions``, when given,
+    are ``attribute(r)`` of each record in the same order (made once by a caller that also writes them out);
+    else they are made here. Pure; never fails on records (no records gives zeros and Nones); ValueError when
+    ``attributions`` does not pair with ``records``."""
     slo = slo or SLO()
+    if attributions is None:
+        attributions = [attribute(r) for r in records]
+    ok_attributions = [a for r, a in zip(records, attributions, strict=True) if r.error_kind is None]
     ok = [r for r in records if r.error_kind is None]
     errors = Counter(r.error_kind or "unknown" for r in records if r.error_kind is not None)
     wire = [r for r in records if r.http_version and not r.cache_hit]
@@ -213,6 +243,8 @@ def summarize(
         long_prompts=long_prompts,
         slo=slo,
         good=sum(1 for r in ok if slo.met(r)),
+        attribution=part_table(ok_attributions),
+        attribution_shares=shares_over(ok_attributions),
     )
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llmchat.core import Settings, percentile
+from llmchat.core._attribution import PARTS
 from llmchat.core._load import LoadRun, Sample, Scenario, Target, interleave, parse_configs
 from llmchat.core._load_prompts import PromptPlan
 from llmchat.core._timing import TimingRecord
@@ -395,3 +397,75 @@ def test_settings_are_left_alone_by_a_comparison(local_server, tmp_path) -> None
     asyncio.run(load.run())
     assert settings == Settings()
     assert {s.config for s in load.samples} == {"nopool", "h1+noretry"}
+
+
+# -- where the time went -------------------------------------------------------------------------------------
+
+def attribution_rows(out: str) -> dict[str, list[str]]:
+    """The printed "where the time went" section: part key -> its cells (p50, p90, p99 per configuration)."""
+    lines = out.split("where the time went, ms", 1)[1].splitlines()[2:]
+    rows = {}
+    for line in lines:
+        cells = line.split()
+        if not cells or cells[0] not in PARTS:
+            break
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def shown_as(cell: str, ms: float) -> bool:
+    """Whether a printed cell is ``ms`` to the precision ``fmt_ms`` prints (the JSON's value is rounded to
+    the microsecond, the table's is not, so the last printed digit may differ by one)."""
+    step = 0.01 if abs(ms) < 10 else 0.1 if abs(ms) < 1000 else 1.0
+    return abs(float(cell) - ms) <= step * 0.51 + 0.001
+
+
+def test_per_part_percentiles_agree_with_each_requests_attribution(
+    capsys, tmp_path, server_factory: Factory
+) -> None:
+    # Some requests fail (they are left out of the percentiles), the rest get the server's own stamps.
+    srv = server_factory(profile="instant", ttft_ms=5.0, tokens_per_s=2000.0, jitter_ms=5.0, error_rate=0.2,
+                         seed=11)
+    data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--compare", "h2+noretry,h1+noretry",
+                           "--users", "3", "--requests", "20", "--max-tokens", "6", "--slices", "2")
+    printed = attribution_rows(out)
+    for column, stats in enumerate(data["configs"]):
+        reqs = [r for r in data["requests"] if r["config"] == stats["config"]]
+        ok = [r for r in reqs if r["error_kind"] is None]
+        assert 0 < len(ok) < len(reqs) == 20
+        for r in reqs:
+            a = r["attribution"]
+            # Every request carries its own split, and its parts add up to its total.
+            assert a["total_ms"] == pytest.approx(r["total_ms"], abs=0.002)
+            rounding = 0.002 * len(a["parts"])
+            assert sum(p["ms"] for p in a["parts"]) == pytest.approx(a["total_ms"], abs=rounding)
+        samples: dict[str, list[float]] = {}
+        for r in ok:
+            for p in r["attribution"]["parts"]:
+                samples.setdefault(p["key"], []).append(p["ms"])
+        table = stats["attribution"]
+        assert list(table) == [k for k in PARTS if k in samples]  # every part present, in PARTS order
+        assert table["server_prefill"]["n"] == table["decode"]["n"] == len(ok)
+        for key, values in samples.items():
+            assert table[key]["n"] == len(values)
+            for q in (50, 90, 99):
+                # The request lines round each part to the microsecond; the percentiles are of the raw values.
+                want = table[key][f"p{q}"]
+                assert want == pytest.approx(percentile(values, q), abs=0.002), (key, q)
+                assert shown_as(printed[key][column * 3 + (50, 90, 99).index(q)], want), (key, q)
+        shares = stats["attribution_shares"]
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3) and shares["server"] > 0
+        assert f"{stats['config']}  " in out.split("where the time went", 1)[1]
+
+
+def test_cache_hits_are_all_client_time(capsys, tmp_path, local_server) -> None:
+    data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--mode", "batch",
+                           "--temperature", "0", "--prompts", "1", "--users", "1", "--requests", "6",
+                           "--max-tokens", "3")
+    hits = [r for r in data["requests"] if r["cache_hit"]]
+    assert len(hits) == 5
+    assert all([p["key"] for p in r["attribution"]["parts"]] == ["cache", "unexplained"] for r in hits)
+    stats = data["configs"][0]
+    assert stats["attribution"]["cache"]["n"] == 5
+    assert stats["attribution"]["server_generation"]["n"] == 1  # the one reply from the server
+    assert "cache" in attribution_rows(out)

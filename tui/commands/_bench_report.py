@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
+from llmchat.core._attribution import PARTS
 from llmchat.core._load_stats import METRIC_NAMES, QUANTILES, ConfigStats, compare_rows
 
 BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
@@ -72,6 +73,50 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     text = grid(rows, left=2)
     if stats and stats[0].slo.given:
         text += f"\ngoodput: successful requests/s with {stats[0].slo.describe()}"
+    return text
+
+
+def attribution_table(stats: Sequence[ConfigStats]) -> str:
+    """Where the time went: one row per attribution part any configuration has, p50/p90/p99 in ms per
+    configuration ("-" where it has none), then each configuration's split by group. Empty when no
+    configuration has a successful request."""
+    present = [k for k in PARTS if any(k in s.attribution for s in stats)]
+    present += sorted({k for s in stats for k in s.attribution} - set(present))
+    if not present:
+        return ""
+    header: list[str] = ["where the time went, ms"]
+    quantiles: list[str] = [""]
+    for s in stats:
+        header += ["", s.name, ""]  # the name over the middle (p90) column of its three
+        quantiles += [f"p{q}" for q in QUANTILES]
+    rows = [header, quantiles]
+    for key in present:
+        row = [key]
+        for s in stats:
+            part = s.attribution.get(key)
+            row += [fmt_ms(None if part is None else part[f"p{q}"]) for q in QUANTILES]
+        rows.append(row)
+    lines = [grid(rows)]
+    width = max(len(s.name) for s in stats)
+    for s in stats:
+        split = " · ".join(f"{g} {v * 100:.0f}%" for g, v in sorted(s.attribution_shares.items(),
+                                                                      key=lambda kv: -abs(kv[1])))
+        lines.append(f"{s.name:<{width}}  {split or '-'}")
+    return "\n".join(lines) + "\nparts: " + _part_sources(present)
+
+
+def _part_sources(keys: Sequence[str]) -> str:
+    # Reported and derived parts lean on what the server said about itself: the table says which are.
+    known = [k for k in keys if k in PARTS]
+    reported = [k for k in known if PARTS[k][2] == "reported"]
+    derived = [k for k in known if PARTS[k][2] == "derived"]
+    text = "measured by the client"
+    if reported:
+        text += f", except {', '.join(reported)} (reported by the server)"
+        if derived:
+            text += f" and {', '.join(derived)} (measured less reported)"
+    elif derived:
+        text += f", except {', '.join(derived)} (measured less reported)"
     return text
 
 

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from llmchat.core import Bus, __version__, load_settings
+from llmchat.core._attribution import Attribution, attribute
 from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
 from llmchat.core._load_stats import SLO, ConfigStats, compare_rows, summarize
@@ -137,14 +138,22 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_drive(load, progress))
         except KeyboardInterrupt:
             interrupted = True
+    # Once per request: the per-part percentiles and the per-request JSON are the same attributions.
+    attributions = [attribute(s.record) for s in load.samples]
+    paired = list(zip(load.samples, attributions, strict=True))
     stats = [
         summarize(name, load.records(name), load.walls_ns[name], slo=slo,
-                  long_prompts=sum(1 for s in load.samples if s.config == name and s.long))
+                  long_prompts=sum(1 for s in load.samples if s.config == name and s.long),
+                  attributions=[a for s, a in paired if s.config == name])
         for name in configs
     ]
     print(header(load, scenario, interrupted))
     print()
     print(report.figures_table(stats, mode=scenario.mode))
+    where = report.attribution_table(stats)
+    if where:
+        print()
+        print(where)
     if len(stats) > 1:
         print()
         print(report.compare_table(stats))
@@ -155,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.plot:
         _write(args.plot, report.svg_chart(stats, mode=scenario.mode, title=_title(load, scenario)), "--plot")
     if args.json:
-        data = bench_json(load, scenario, stats, interrupted)
+        data = bench_json(load, scenario, stats, interrupted, attributions)
         _write(args.json, json.dumps(data, ensure_ascii=False) + "\n", "--json")
     sys.stdout.flush()
     if load.cap_hits:
@@ -214,10 +223,14 @@ def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
 
 
 def bench_json(
-    load: LoadRun, scenario: Scenario, stats: list[ConfigStats], interrupted: bool
+    load: LoadRun, scenario: Scenario, stats: list[ConfigStats], interrupted: bool,
+    attributions: list[Attribution] | None = None,
 ) -> dict[str, Any]:
     """Everything measured: the scenario, each configuration's figures, the before/after rows, and every
-    request's timing record (summaries: no prompt or reply text, no key, no headers)."""
+    request's timing record (summaries: no prompt or reply text, no key, no headers) with its attribution
+    (``attributions`` pairs with ``load.samples``; made here when not given)."""
+    if attributions is None:
+        attributions = [attribute(s.record) for s in load.samples]
     return {
         "tool": "llmchat bench",
         "version": __version__,
@@ -227,7 +240,8 @@ def bench_json(
         "compare": compare_rows(stats),
         "open_loop_cap_hits": load.cap_hits,
         "interrupted": interrupted,
-        "requests": [s.to_json() for s in load.samples],
+        "requests": [{**s.to_json(), "attribution": a.to_dict()}
+                     for s, a in zip(load.samples, attributions, strict=True)],
     }
 
 
