@@ -129,7 +129,7 @@ async def test_streamed_reply_shows_everything_and_matches_a_reply_rendered_whol
             assert expected in text, expected
         assert "```" not in text and "|---" not in text
         assert streamed.text == REPLY
-        width = streamed.content_size.width
+        width = streamed.inner_width
         assert streamed.lines_for(width) == whole.lines_for(width)
         assert streamed.renders >= 1
 
@@ -150,7 +150,7 @@ async def test_a_stream_cut_mid_fence_ends_as_a_correct_code_block() -> None:
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await asyncio.wait_for(reference.wait_final(), WAIT_S)
         await pilot.pause()
-        width = message.content_size.width
+        width = message.inner_width
         lines = message.lines_for(width)
         assert lines == reference.lines_for(width)
         texts = [text_of(line).rstrip() for line in lines]
@@ -269,7 +269,7 @@ async def test_wide_characters_and_emoji_never_overflow_the_width() -> None:
         message = app.query_one(Conversation).add_assistant(text, status="done")
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await pilot.pause()
-        width = message.content_size.width
+        width = message.inner_width
         lines = message.lines_for(width)
         assert lines and all(_width(line) == width for line in lines)
         joined = "".join(text_of(line) for line in lines)
@@ -283,11 +283,11 @@ async def test_a_resize_renders_again_at_the_new_width() -> None:
         message = app.query_one(Conversation).add_assistant(REPLY, status="done")
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await pilot.pause()
-        wide = message.content_size.width
+        wide = message.inner_width
         wide_height = len(message.lines_for(wide))
         await pilot.resize_terminal(50, 40)
-        await until(lambda: message.content_size.width < wide, pilot)
-        narrow = message.content_size.width
+        await until(lambda: message.inner_width < wide, pilot)
+        narrow = message.inner_width
         assert all(_width(line) == narrow for line in message.lines_for(narrow))
         assert len(message.lines_for(narrow)) > wide_height
         assert message.size.height == len(message.lines_for(narrow))
@@ -299,10 +299,10 @@ async def test_a_theme_change_repaints_in_the_new_colours() -> None:
         message = app.query_one(Conversation).add_assistant("```python\nx = 1\n```", status="done")
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await pilot.pause()
-        dark = message.lines_for(message.content_size.width)
+        dark = message.lines_for(message.inner_width)
         app.theme = "textual-light"
         await pilot.pause()
-        light = message.lines_for(message.content_size.width)
+        light = message.lines_for(message.inner_width)
         assert [text_of(line) for line in dark] == [text_of(line) for line in light]
         assert _backgrounds(dark) != _backgrounds(light)
 
@@ -402,7 +402,7 @@ async def test_a_long_history_mounts_on_estimates_then_renders_for_real_in_the_b
         assert history[0].deferred and not history[-1].deferred
         await _all_rendered(conversation, pilot)
         for message in history:
-            width = message.content_size.width
+            width = message.inner_width
             assert message.size.height == len(message.lines_for(width))
         assert conversation.scroll_y == conversation.max_scroll_y
 
@@ -573,3 +573,34 @@ def test_carriage_returns_do_not_shift_blocks_and_the_text_is_kept_as_given() ->
     assert document.text == text
     rendered = [text_of(line).strip() for line in document.lines(40)]
     assert "First paragraph." in rendered and "x = 1" in rendered and "Last one." in rendered
+
+
+def test_rendering_against_a_deadline_goes_block_by_block_and_ends_complete() -> None:
+    document = MarkdownDocument(REPLY * 3)
+    renderer = _renderer()
+    document.bind(renderer)
+    document.finish()
+    counts = []
+    while not counts or not document.complete(60):
+        counts.append(len(document.lines(60, deadline_ns=perf_counter_ns())))  # a deadline already past
+    assert len(counts) > 5 and counts == sorted(counts)
+    while document.busy:
+        document.work(perf_counter_ns() + 2_000_000)
+    parser = new_parser()
+    assert document.lines(60) == renderer.blocks(split_blocks(parser, REPLY * 3), 60, parser)
+
+
+async def test_a_huge_burst_is_painted_in_slices_and_ends_whole() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        conversation = app.query_one(Conversation)
+        message = conversation.add_assistant()
+        await pilot.pause()
+        message.append(REPLY * 20)
+        message.finish(status="done", note="burst")
+        reference = conversation.add_assistant(REPLY * 20, status="done", note="burst")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await asyncio.wait_for(reference.wait_final(), WAIT_S)
+        await until(lambda: len(app.lags) == 1, pilot)
+        assert message.renders == 1
+        assert message.lines_for(message.inner_width) == reference.lines_for(reference.inner_width)

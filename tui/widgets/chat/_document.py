@@ -43,6 +43,8 @@ class _View:
     """Per tail block, as of ``tail_version``: the highlight version it was rendered with, its lines."""
     tail: list[Line] = field(default_factory=list)
     lines: list[Line] | None = None
+    complete: bool = True
+    """False while some blocks are not rendered yet (a deadline cut the last call short)."""
 
 
 class MarkdownDocument:
@@ -75,6 +77,11 @@ class MarkdownDocument:
     def busy(self) -> bool:
         """True while a code block still has highlighting to do (see ``work``)."""
         return any(fence.busy for fence in self._fences.values())
+
+    def complete(self, width: int) -> bool:
+        """False while ``lines(width, deadline)`` has blocks left to render."""
+        view = self._views.get(width)
+        return view is None or view.complete
 
     def append(self, text: str) -> None:
         """Buffer text; O(1). It shows after the next ``sync()``."""
@@ -112,11 +119,13 @@ class MarkdownDocument:
             if fence.busy:
                 fence.work(deadline_ns)
 
-    def lines(self, width: int) -> list[Line]:
+    def lines(self, width: int, deadline_ns: int | None = None) -> list[Line]:
         """The document's lines ``width`` cells wide (a list to read, not to change).
 
-        Renders only what changed since the last call at this width. Raises RuntimeError before
-        ``bind()``.
+        Renders only what changed since the last call at this width. With a deadline it stops
+        rendering new blocks once ``perf_counter_ns()`` passes it (after at least one) and returns
+        the blocks rendered so far; ``complete(width)`` then says False and the next call goes on.
+        Raises RuntimeError before ``bind()``.
         """
         if self._renderer is None:
             raise RuntimeError("bind() a renderer before asking for lines")
@@ -124,30 +133,42 @@ class MarkdownDocument:
             return []
         view = self._view(width)
         changed = view.lines is None
+        out_of_time = False
         for index, block in enumerate(self._stream.settled):
             stamp = self._stamp(block)
             if index < len(view.settled):
-                if view.settled[index][0] == stamp:
-                    continue
-                view.settled[index] = (stamp, self._render(block, width))
-            else:
-                view.settled.append((stamp, self._render(block, width)))
+                if view.settled[index][0] != stamp:
+                    # Only a code block's colours changed: re-cutting its lines is cheap.
+                    view.settled[index] = (stamp, self._render(block, width))
+                    changed = True
+                continue
+            if out_of_time:
+                break
+            view.settled.append((stamp, self._render(block, width)))
             changed = True
-        tail = self._stream.tail
+            out_of_time = deadline_ns is not None and perf_counter_ns() > deadline_ns
+        settled_done = len(view.settled) == len(self._stream.settled)
+        tail = self._stream.tail if settled_done else []
         if view.tail_version != self._tail_version:
             view.tail_version = self._tail_version
             view.tail_blocks = []
+            view.tail = []
+            changed = True
         # Until the next sync the tail blocks stay the same; only a code block's colours can change.
-        tail_changed = len(view.tail_blocks) != len(tail)
+        tail_changed = False
         for index, block in enumerate(tail):
             stamp = self._stamp(block)
             if index < len(view.tail_blocks):
-                if view.tail_blocks[index][0] == stamp:
-                    continue
-                view.tail_blocks[index] = (stamp, self._render(block, width))
-            else:
-                view.tail_blocks.append((stamp, self._render(block, width)))
+                if view.tail_blocks[index][0] != stamp:
+                    view.tail_blocks[index] = (stamp, self._render(block, width))
+                    tail_changed = True
+                continue
+            if out_of_time:
+                break
+            view.tail_blocks.append((stamp, self._render(block, width)))
             tail_changed = True
+            out_of_time = deadline_ns is not None and perf_counter_ns() > deadline_ns
+        view.complete = settled_done and len(view.tail_blocks) == len(self._stream.tail)
         if tail_changed:
             view.tail = []
             for _, block_lines in view.tail_blocks:

@@ -5,6 +5,9 @@ each earlier message left live makes the current one slower. A ``FrozenLines`` h
 height is the length of a cached list, and painting a row is a list lookup: a layout pass costs it
 nothing, however much text it holds.
 
+Its margins are painted with each row rather than set as CSS padding or border: Textual pads every
+row of a padded widget on each repaint, which nearly doubles the cost of a row.
+
 A widget can also be *deferred* (``defer_rendering``): until it is painted or ``render_now`` is
 called it reports an estimated height and renders nothing, so a long history mounts at once and is
 rendered in the background (see ``Conversation.add_history``).
@@ -12,7 +15,10 @@ rendered in the background (see ``Conversation.add_history``).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.segment import Segment
+from rich.style import Style
 from textual.app import RenderResult
 from textual.geometry import Size
 from textual.strip import Strip
@@ -31,8 +37,13 @@ class FrozenLines(Widget):
     }
     """
 
-    # Painting comes from cached strips, not from render(); Textual's text selection reads render().
+    # Painting comes from cached lines, not from render(); Textual's text selection reads render().
     ALLOW_SELECT = False
+
+    LEFT: ClassVar[int] = 1
+    """Cells of margin painted left of the text."""
+    RIGHT: ClassVar[int] = 1
+    """Cells of margin painted right of the text."""
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
@@ -48,18 +59,40 @@ class FrozenLines(Widget):
         """The shared renderer for the app's current theme."""
         return renderer_for_app(self.app)
 
+    @property
+    def inner_width(self) -> int:
+        """The width the text is rendered at: the content width less the painted margins."""
+        return self._inner(self.content_size.width)
+
+    def _inner(self, width: int) -> int:
+        return max(0, width - self.LEFT - self.RIGHT)
+
     def build_lines(self, width: int) -> list[Line]:
-        """The widget's content ``width`` cells wide. Called only when the width or theme changed,
-        or after ``invalidate_lines()``."""
+        """The widget's text ``width`` cells wide. Called only when the width or theme changed, or
+        after ``invalidate_lines()``."""
         raise NotImplementedError
 
     def lines_for(self, width: int) -> list[Line]:
-        """The content lines at ``width``, built at most once per width, theme and invalidation."""
+        """The text's lines at inner ``width``, built at most once per width, theme and invalidation."""
         key = (width, self.app.theme)
         if key != self._lines_key:
             self._lines = self.build_lines(width) if width > 0 else []
             self._lines_key = key
         return self._lines
+
+    def invalidate_lines(self) -> None:
+        """Forget the cached lines; the next paint or layout builds them again."""
+        self._lines_key = None
+
+    def rendered_text(self) -> str:
+        """The text of the lines as painted at the current width (trailing spaces dropped)."""
+        return "\n".join(text_of(line).rstrip() for line in self.lines_for(self.inner_width))
+
+    def content_height(self, width: int) -> int:
+        """The height at inner ``width``: the line count unless a subclass says otherwise."""
+        return len(self.lines_for(width))
+
+    # -- deferred rendering
 
     @property
     def deferred(self) -> bool:
@@ -75,7 +108,7 @@ class FrozenLines(Widget):
         (positive if it grows); unless ``layout`` is False, a layout is requested when it was off."""
         if not self._deferred:
             return 0
-        width = self.content_size.width
+        width = self.inner_width
         if width <= 0:
             return 0
         laid_out = self.content_size.height
@@ -86,36 +119,31 @@ class FrozenLines(Widget):
         return change
 
     def estimate_height(self, width: int) -> int:
-        """A cheap guess at the height at ``width``, without rendering; subclasses say how."""
+        """A cheap guess at the height at inner ``width``, without rendering; subclasses say how."""
         return len(self.lines_for(width))
 
-    def invalidate_lines(self) -> None:
-        """Forget the cached lines; the next paint or layout builds them again."""
-        self._lines_key = None
+    def first_painted(self) -> None:
+        """Called when a row is first painted; subclasses start work that only matters once seen."""
 
-    def rendered_text(self) -> str:
-        """The text of the lines as painted at the current width (trailing spaces dropped)."""
-        return "\n".join(text_of(line).rstrip() for line in self.lines_for(self.content_size.width))
+    # -- Textual
+
+    def left_margin(self) -> Segment:
+        """What is painted left of each row (``LEFT`` cells)."""
+        return Segment(" " * self.LEFT)
 
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return container.width
 
-    def content_height(self, width: int) -> int:
-        """The height the widget takes at ``width``: its line count unless a subclass says otherwise."""
-        return len(self.lines_for(width))
-
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        inner = self._inner(width)
         if self._deferred:
-            if self._estimate[0] != width:
-                self._estimate = (width, self.estimate_height(width))
+            if self._estimate[0] != inner:
+                self._estimate = (inner, self.estimate_height(inner))
             return self._estimate[1]
-        return self.content_height(width)
+        return self.content_height(inner)
 
     def render(self) -> RenderResult:
         return ""
-
-    def first_painted(self) -> None:
-        """Called when a row is first painted; subclasses start work that only matters once seen."""
 
     def render_line(self, y: int) -> Strip:
         if not self._seen:
@@ -124,9 +152,15 @@ class FrozenLines(Widget):
             self.render_now()
             self.first_painted()
         width = self.content_size.width
-        lines = self.lines_for(width)
+        lines = self.lines_for(self._inner(width))
         # visual_style is cached per style change; rich_style walks every ancestor on each call.
         style = self.visual_style.rich_style
-        if 0 <= y < len(lines):
-            return Strip(Segment.apply_style(lines[y], style), width)
-        return Strip.blank(width, style)
+        if not 0 <= y < len(lines):
+            return Strip.blank(width, style)
+        row = [self.left_margin(), *lines[y], Segment(" " * self.RIGHT)]
+        return Strip(Segment.apply_style(row, style), width)
+
+
+def bar(style: Style, width: int) -> Segment:
+    """A left bar ``width`` cells wide: a thick stroke, then spaces."""
+    return Segment("▌" + " " * (width - 1), style)

@@ -12,6 +12,8 @@ import asyncio
 from time import perf_counter_ns, thread_time_ns
 from typing import Literal, get_args
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.message import Message
@@ -19,7 +21,7 @@ from textual.timer import Timer
 
 from llmchat.tui.widgets.chat._blocks import code_blocks
 from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
-from llmchat.tui.widgets.chat._frozen import FrozenLines
+from llmchat.tui.widgets.chat._frozen import FrozenLines, bar
 from llmchat.tui.widgets.chat._lines import Line
 
 Status = Literal["done", "cancelled", "error", "cached"]
@@ -28,6 +30,8 @@ Status = Literal["done", "cancelled", "error", "cached"]
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
 """Most time one frame spends highlighting code; the rest waits for the next turn of the loop."""
+_RENDER_SLICE_NS = 12_000_000
+"""Time from a frame's start after which no further block is rendered in that frame."""
 _SOONEST_NS = 1_000_000
 _HEADROOM = 6
 """Lines a streaming reply reserves below its text, so it changes height (a layout of the whole screen,
@@ -41,11 +45,11 @@ class UserMessage(FrozenLines):
 
     DEFAULT_CSS = """
     UserMessage {
-        padding: 0 1;
         margin: 0 0 1 0;
-        border-left: outer $primary;
     }
     """
+
+    LEFT = 2
 
     def __init__(
         self, text: str, *, name: str | None = None, id: str | None = None, classes: str | None = None
@@ -64,6 +68,11 @@ class UserMessage(FrozenLines):
     def estimate_height(self, width: int) -> int:
         return estimate_rows(self._text, width)
 
+    def left_margin(self) -> Segment:
+        # A bar in the theme's primary colour marks the user's turns (drawn here, not as a CSS border,
+        # which Textual would add to every row on every repaint).
+        return bar(Style(color=self.renderer.palette.primary), self.LEFT)
+
 
 class ChatMessage(FrozenLines):
     """An assistant reply: Markdown, streamed in with ``append``, ended with ``finish``.
@@ -73,7 +82,6 @@ class ChatMessage(FrozenLines):
 
     DEFAULT_CSS = """
     ChatMessage {
-        padding: 0 1;
         margin: 0 0 1 0;
     }
     """
@@ -118,6 +126,10 @@ class ChatMessage(FrozenLines):
         self._note = ""
         self._final = asyncio.Event()
         self._reserved: tuple[int, int] = (0, 0)
+        self._unpainted_ns: int | None = None
+        """Arrival of the oldest delta taken in but not fully rendered yet."""
+        self._render_deadline_ns: int | None = None
+        """Set during a frame: rendering of new blocks stops at this time."""
         """While streaming: (width, height reserved at that width)."""
         self.renders = 0
         """Frames that took in new text (highlighting slices not counted): the coalescing at work."""
@@ -259,14 +271,24 @@ class ChatMessage(FrozenLines):
             first_arrival, self._first_arrival_ns = self._first_arrival_ns, None
         if first_arrival is not None:
             self.renders += 1
+            if self._unpainted_ns is None or first_arrival < self._unpainted_ns:
+                self._unpainted_ns = first_arrival
         self._doc.bind(self.renderer)
         self._doc.work(start + _HIGHLIGHT_SLICE_NS)
-        self._repaint()
+        # A burst of text renders a slice of blocks per frame; the rest follows on the next turns.
+        self._render_deadline_ns = start + _RENDER_SLICE_NS
+        try:
+            self._repaint()
+        finally:
+            self._render_deadline_ns = None
+        complete = self._doc.complete(self.inner_width)
         if first_arrival is not None:
             took = thread_time_ns() - cpu_start
             self._next_frame_ns = start + max(self._frame_interval_ns, int(took / _MAX_BUSY_SHARE))
-            self.call_after_refresh(self._painted, first_arrival)
-        if self._doc.busy:
+        if complete and self._unpainted_ns is not None:
+            self.call_after_refresh(self._painted, self._unpainted_ns)
+            self._unpainted_ns = None
+        if self._doc.busy or not complete:
             self._schedule(0)
         elif self._pending:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
@@ -274,7 +296,7 @@ class ChatMessage(FrozenLines):
             self._final.set()
 
     def _repaint(self) -> None:
-        width = self.content_size.width
+        width = self.inner_width
         if width <= 0:
             self.invalidate_lines()
             self.refresh(layout=True)
@@ -289,7 +311,7 @@ class ChatMessage(FrozenLines):
         first = next((y for y in range(same) if before[y] is not after[y]), same)
         last = max(len(before), len(after))
         if first < last:
-            self.refresh(Region(0, first, width, last - first))
+            self.refresh(Region(0, first, self.content_size.width, last - first))
 
     def content_height(self, width: int) -> int:
         lines = len(self.lines_for(width))
@@ -309,8 +331,8 @@ class ChatMessage(FrozenLines):
 
     def build_lines(self, width: int) -> list[Line]:
         self._doc.bind(self.renderer)
-        lines = self._doc.lines(width)
-        status = self._status_text()
+        lines = self._doc.lines(width, self._render_deadline_ns)
+        status = self._status_text() if self._doc.complete(width) else None
         if status is None:
             return lines
         return [*lines, *self.renderer.rich(status, width)]

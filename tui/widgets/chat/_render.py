@@ -169,7 +169,7 @@ class _Table(TableElement):
         for row in rows:
             for index, cell in enumerate(row):
                 widths[index] = max(widths[index], cell.content.cell_len)
-        fits = sum(widths) + 3 * (columns - 1) + 2 <= options.max_width
+        fits = sum(widths) + 3 * (columns - 1) <= options.max_width
         if not fits or any("\n" in cell.content.plain for row in rows for cell in row):
             yield from super().__rich_console__(console, options)
             return
@@ -177,7 +177,7 @@ class _Table(TableElement):
         header_style = console.get_style("markdown.table.header", default="none")
         separator = Segment(" │ ", border)
         for row_index, row in enumerate(rows):
-            line: list[Segment] = [Segment(" ")]
+            line: list[Segment] = []
             for index in range(columns):
                 if index:
                     line.append(separator)
@@ -197,7 +197,7 @@ class _Table(TableElement):
             yield from line
             yield Segment.line()
             if header and row_index == 0:
-                yield Segment(" " + "─┼─".join("─" * width for width in widths), border)
+                yield Segment("─┼─".join("─" * width for width in widths), border)
                 yield Segment.line()
 
 
