@@ -14,6 +14,14 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
   the requests that got their reply from the network. Errors, cancels and cache hits are counted, not put in
   the histograms: a 2 ms cache hit or a refused connection would pull the quantiles away from what the
   provider does (the HUD keeps the same rule). Definitions as in ``TimingRecord``.
+- ``llmchat_request_part_seconds{part, group}``: where each of those requests' time went, one histogram
+  per attribution part (``_attribution.PARTS``: encode, pool_wait, connect, tls, send, server_queue,
+  server_prefill, network_first_token, decode, unexplained ...; group is client, network, server,
+  network+server, retry or unexplained). A request observes the parts it has (a reused connection has no
+  connect). A negative unexplained part (a server that reported more than the span it fits in) is observed
+  as 0: a histogram's sum must never go down.
+- ``llmchat_request_flags_total{flag}``: finished requests flagged by attribution (cold_start, saturation,
+  cache_hit), any outcome.
 - ``llmchat_output_tokens_total``: output tokens received.
 - ``llmchat_retries_total{provider, reason}``: retries planned, by reason (429, 503, connect, ...).
 - ``llmchat_cache_requests_total{provider, mode, result}``: hit or miss, for requests the reply cache was
@@ -24,11 +32,13 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
 - ``llmchat_warmup_state{provider, state}``: 1 for the provider's current warm-up state (cold, warming, warm,
   failed), 0 for the others; ``llmchat_warmup_rtt_seconds{provider}``: the warm-up ping's round trip.
 
-Cardinality stays bounded: past ``max_models`` distinct models the rest are counted as ``model="other"``.
+Cardinality stays bounded: past ``max_models`` distinct models the rest are counted as ``model="other"``;
+part, group and flag come from fixed sets.
 """
 
 from __future__ import annotations
 
+import bisect
 import importlib
 import threading
 from collections.abc import Callable
@@ -39,7 +49,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from llmchat.core._attribution import attribute
 from llmchat.core._bus import Bus, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._errors import LLMChatError, UsageError
 
 if TYPE_CHECKING:
@@ -53,6 +65,11 @@ LATENCY_BUCKETS = (
 #: Output tokens per second: a slow local model to a cache-fast replay.
 TOKENS_PER_S_BUCKETS = (
     1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0, 5000.0,
+)
+#: Attribution parts in seconds, 100 us to 2 minutes: a request's encoding to a reasoning model's generation.
+PART_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0,
 )
 WARMUP_STATES = ("cold", "warming", "warm", "failed")
 INSTALL_HINT = 'pip install "llmchat[metrics]"'
@@ -77,6 +94,8 @@ class ClientMetrics:
         self._in_flight: dict[str, bool] = {}
         self._by_labels: dict[tuple[str, str, str], _Series] = {}
         self._lock = threading.Lock()
+        self.detector = ColdStartDetector()
+        """Flags cold starts for ``llmchat_request_flags_total`` (it sees every finished request)."""
         r = self.registry
         common = ("provider", "model", "mode")
 
@@ -100,6 +119,10 @@ class ClientMetrics:
         self.tokens_per_s = histogram("llmchat_output_tokens_per_second",
                                       "Output tokens per second of generation, per request.",
                                       TOKENS_PER_S_BUCKETS)
+        self.parts = _PartHistograms()
+        r.register(self.parts)
+        self.flags = counter("llmchat_request_flags", "Finished requests flagged by attribution.",
+                             ("flag", *common))
         self.output_tokens = counter("llmchat_output_tokens", "Output tokens received.", common)
         self.retries = counter("llmchat_retries", "Retries planned, by reason.", ("provider", "reason"))
         self.cache = counter("llmchat_cache_requests", "Requests the reply cache was asked about, by result.",
@@ -152,6 +175,7 @@ class ClientMetrics:
                 output_tokens=self.output_tokens.labels(*labels),
                 in_flight=self.in_flight.labels(provider, mode),
                 labels=labels,
+                parts={},
             )
             self._by_labels[labels] = series
         return series
@@ -184,8 +208,13 @@ class ClientMetrics:
             self.cache.labels(record.provider, record.mode, "hit" if record.cache_hit else "miss").inc()
         if record.output_tokens:
             series.output_tokens.inc(record.output_tokens)
+        with self._lock:  # the detector keeps state across requests, and buses may publish from two threads
+            attribution = attribute(record, detector=self.detector)
+        for flag in attribution.flags:
+            self.flags.labels(flag, *series.labels).inc()
         if record.cancelled or record.error_kind is not None or record.cache_hit:
             return
+        self.parts.observe(series, attribution.parts)
         _observe(series.ttfb, record.ttfb_ms)
         if record.mode == "stream":
             _observe(series.ttft, record.ttft_ms)
@@ -223,6 +252,65 @@ class _Series:
     output_tokens: Any
     in_flight: Any
     labels: tuple[str, str, str]
+    parts: dict[str, _PartRow]
+    """``llmchat_request_part_seconds`` rows by part key, made on first use."""
+
+
+@dataclass(slots=True)
+class _PartRow:
+    labels: tuple[str, ...]
+    counts: list[int]
+    """Per bucket of ``PART_BUCKETS`` and a last one for +Inf; not cumulative (``collect`` adds them up)."""
+    total: float = 0.0
+
+
+class _PartHistograms:
+    """``llmchat_request_part_seconds`` as a collector of its own: plain counts, turned into a histogram
+    family when scraped. A finished request observes a dozen parts, and prometheus_client's
+    ``Histogram.observe`` (a lock and a walk of the buckets each) cost about 2 us apiece on the event loop;
+    here it is one lock and a bisect per part."""
+
+    NAME = "llmchat_request_part_seconds"
+    DOC = "Where a request's time went, per attribution part (replies from the network)."
+    LABELS = ("part", "group", "provider", "model", "mode")
+
+    def __init__(self) -> None:
+        self._family = importlib.import_module("prometheus_client.core").HistogramMetricFamily
+        go_float = importlib.import_module("prometheus_client.utils").floatToGoString
+        self._bounds = [go_float(b) for b in (*PART_BUCKETS, float("inf"))]  # "0.0001" ... "+Inf"
+        self._rows: list[_PartRow] = []
+        self._lock = threading.Lock()
+
+    def observe(self, series: _Series, parts: Any) -> None:
+        """Count each part of a request (``Part`` tuples) in the rows of ``series``; a negative one as 0."""
+        with self._lock:
+            for part in parts:
+                row = series.parts.get(part.key)
+                if row is None:
+                    row = series.parts[part.key] = _PartRow((part.key, part.group, *series.labels),
+                                                            [0] * (len(PART_BUCKETS) + 1))
+                    self._rows.append(row)
+                seconds = part.ms / 1000.0 if part.ms > 0 else 0.0
+                # bisect_left: the first bound >= the value, Prometheus's "le" (less than or equal).
+                row.counts[bisect.bisect_left(PART_BUCKETS, seconds)] += 1
+                row.total += seconds
+
+    def describe(self) -> list[Any]:
+        return [self._family(self.NAME, self.DOC, labels=self.LABELS)]
+
+    def collect(self) -> list[Any]:
+        family = self._family(self.NAME, self.DOC, labels=self.LABELS)
+        with self._lock:
+            rows = [(row.labels, list(row.counts), row.total) for row in self._rows]
+        for labels, counts, total in rows:
+            cumulative = 0
+            buckets = []
+            for bound, n in zip(self._bounds, counts, strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            family.add_metric(list(labels), buckets, total)
+        return [family]
+
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -29,7 +29,8 @@ from llmchat.core import (
     UsageError,
     Warmer,
 )
-from llmchat.core._prometheus import LATENCY_BUCKETS, MetricsServer, start_exporter
+from llmchat.core._attribution import attribute
+from llmchat.core._prometheus import LATENCY_BUCKETS, PART_BUCKETS, MetricsServer, start_exporter
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 from llmchat.core.server._metrics import ServerMetrics, _TokenCounter, route_of
 
@@ -392,3 +393,74 @@ def test_bench_metrics_port_announces_where_and_runs(
     err = capsys.readouterr().err
     assert code == 0, err
     assert re.search(r"^llmchat: metrics on http://127\.0\.0\.1:\d+/metrics$", err, flags=re.M), err
+
+
+# --- where the time went: the attribution parts as histograms ---------------------------------------------
+
+
+async def test_each_part_of_each_reply_is_observed_in_its_histogram(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    # One slot: two streams at once, and the second waits in the server's queue (saturation).
+    server = server_factory(profile="instant", ttft_ms=60.0, max_concurrency=1)
+    bus = Bus()
+    with start_exporter(bus, 0) as exporter:
+        async with ChatClient(_settings(tmp_path), base_url=server.base_url, model=MODEL, http2="h2c",
+                              bus=bus) as client:
+            replies = [await _drain(client, max_tokens=8) for _ in range(2)]
+            async with asyncio.timeout(WAIT_S):
+                replies += await asyncio.gather(_drain(client, max_tokens=8), _drain(client, max_tokens=8))
+            first = await client.complete([{"role": "user", "content": "c"}], max_tokens=4, temperature=0)
+            hit = await client.complete([{"role": "user", "content": "c"}], max_tokens=4, temperature=0)
+            with pytest.raises(NotFoundError) as caught:
+                await client.complete([{"role": "user", "content": "x"}], model="no-such-model")
+        samples = await asyncio.to_thread(scrape, exporter.url)
+    replies.append(first.record)
+    assert hit.record.cache_hit and isinstance(caught.value.record, TimingRecord)
+    # Expected: every part of every reply from the network; the cache hit and the failure are left out.
+    expected: dict[str, list[float]] = {}
+    groups: dict[str, str] = {}
+    for record in replies:
+        for part in attribute(record).parts:
+            expected.setdefault(part.key, []).append(max(0.0, part.ms) / 1000)
+            groups[part.key] = part.group
+    assert {"server_prefill", "server_generation", "network_first_token", "decode"} <= set(expected)
+    name = "llmchat_request_part_seconds"
+    seen = {dict(labels)["part"] for (n, labels), _ in samples.items() if n == name + "_count"}
+    assert seen == set(expected)  # the cache hit's "cache" part is not among them
+    for key, values in expected.items():
+        assert value(samples, name + "_count", part=key, group=groups[key], model=MODEL) == len(values)
+        assert value(samples, name + "_sum", part=key) == pytest.approx(sum(values), rel=1e-9, abs=1e-12)
+    prefill = expected["server_prefill"]
+    for le in PART_BUCKETS:
+        in_bucket = sum(v <= le for v in prefill)
+        assert value(samples, name + "_bucket", part="server_prefill", le=repr(le)) == in_bucket
+    # Flags count every finished request: the queued stream is saturated, the hit is a hit.
+    flags = [f for r in [*replies, hit.record, caught.value.record] for f in attribute(r).flags]
+    assert flags.count("saturation") >= 1 and flags.count("cache_hit") == 1
+    for flag in ("saturation", "cache_hit"):
+        assert value(samples, "llmchat_request_flags_total", flag=flag) == flags.count(flag)
+
+
+def test_a_negative_unexplained_part_is_observed_as_zero() -> None:
+    from llmchat.core import Phases, RequestDone, RequestStarted
+    from llmchat.core._prometheus import ClientMetrics
+
+    metrics = ClientMetrics()
+    bus = Bus()
+    metrics.subscribe(bus)
+    ms = 1_000_000
+    record = TimingRecord(mode="batch", provider="p", model="m", t0_ns=10**12)
+    record.phases = Phases(start_ns=10**12, send_start_ns=10**12 + ms, send_end_ns=10**12 + 2 * ms,
+                           headers_ns=10**12 + 50 * ms)
+    record.end_ns = 10**12 + 60 * ms
+    record.server_processing_ms = 70.0  # 12 ms more than the 58 ms from the send's end to the reply's end
+    assert attribute(record).ms("unexplained") == pytest.approx(-12.0)
+    bus.publish(RequestStarted(record))
+    bus.publish(RequestDone(record))
+    parts = {s.labels["part"]: s.value for fam in metrics.registry.collect()
+             if fam.name == "llmchat_request_part_seconds" for s in fam.samples if s.name.endswith("_sum")}
+    counts = {s.labels["part"]: s.value for fam in metrics.registry.collect()
+              if fam.name == "llmchat_request_part_seconds" for s in fam.samples if s.name.endswith("_count")}
+    assert counts["unexplained"] == 1 and parts["unexplained"] == 0.0
+    assert parts["server_processing"] == pytest.approx(0.070)
