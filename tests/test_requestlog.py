@@ -8,6 +8,7 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from llmchat.core import (
     StreamCutError,
     _requestlog,
 )
+from llmchat.core._attribution import attribute
 from llmchat.core._bus import Bus
 from llmchat.core._errors import ConfigError
 from llmchat.core._requestlog import RequestLog, attach_observers
@@ -259,3 +261,34 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
         assert not log.flush(0.1)
     finally:
         os.close(reader)
+
+
+async def test_each_line_carries_where_its_time_went(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    server = server_factory(profile="instant", ttft_ms=15.0, tokens_per_s=2000)
+    settings = _settings(tmp_path)
+    log = RequestLog(settings.log)
+    records = []
+    async with ChatClient(settings, base_url=server.base_url, model=MODEL, http2="h2c") as client:
+        log.subscribe(client.bus)
+        for _ in range(2):
+            stream = client.stream([{"role": "user", "content": PROMPT}], max_tokens=20)
+            async for _ in stream:
+                pass
+            records.append(stream.record)
+        for _ in range(2):  # a miss, then a hit
+            records.append((await client.complete([{"role": "user", "content": PROMPT}], max_tokens=5,
+                                                  temperature=0)).record)
+    await log.aclose()
+    lines: list[dict[str, Any]] = _lines(Path(settings.log.requests_path))
+    assert [e["request_id"] for e in lines] == [r.request_id for r in records]
+    splits = [e["attribution"] for e in lines]
+    for entry, split, record in zip(lines, splits, records, strict=True):
+        assert split == attribute(record).to_dict()  # the engine's own attribution, as JSON
+        assert split["total_ms"] == pytest.approx(entry["total_ms"], abs=0.002)
+        assert sum(p["ms"] for p in split["parts"]) == pytest.approx(split["total_ms"], abs=0.01)
+    keys = [{p["key"] for p in split["parts"]} for split in splits]
+    assert {"server_prefill", "server_generation", "network_first_token"} <= keys[0]
+    assert splits[0]["reporter"] == "llmchat serve"
+    assert splits[3]["flags"] == ["cache_hit"] and keys[3] == {"cache", "unexplained"}
