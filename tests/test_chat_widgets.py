@@ -604,3 +604,23 @@ async def test_a_huge_burst_is_painted_in_slices_and_ends_whole() -> None:
         await until(lambda: len(app.lags) == 1, pilot)
         assert message.renders == 1
         assert message.lines_for(message.inner_width) == reference.lines_for(reference.inner_width)
+
+
+async def test_a_streaming_reply_grows_in_steps_of_several_rows() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 30)) as pilot:
+        message = app.query_one(Conversation).add_assistant()
+        await pilot.pause()
+        heights = []
+        for index in range(40):
+            message.append(f"row {index}\n\n")
+            await app.next_frame()
+            await pilot.pause()
+            rows = len(message.lines_for(message.inner_width))
+            assert message.size.height >= rows  # the text always fits
+            heights.append(message.size.height)
+        assert len(set(heights)) <= 40 * 2 // 4 + 1  # 80 rows of text, a height change per 4 rows or more
+        message.finish()
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        assert message.size.height == len(message.lines_for(message.inner_width))

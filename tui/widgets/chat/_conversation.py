@@ -8,6 +8,7 @@ from time import perf_counter_ns
 
 from textual.await_remove import AwaitRemove
 from textual.containers import VerticalScroll
+from textual.geometry import Size
 from textual.widget import AwaitMount, Widget
 from textual.worker import Worker
 
@@ -44,6 +45,15 @@ class Conversation(VerticalScroll):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        # Textual stores a new virtual size through a reactive that requests another layout, although
+        # the layout that measured it has just placed everything; a reply growing by a row then cost
+        # two layouts of the whole screen. Scrollbars are still updated here, and showing or hiding
+        # one requests its own layout.
+        return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     @property
     def following(self) -> bool:

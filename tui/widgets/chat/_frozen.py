@@ -131,6 +131,14 @@ class FrozenLines(Widget):
         """What is painted left of each row (``LEFT`` cells)."""
         return Segment(" " * self.LEFT)
 
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        # Textual sets a widget's virtual size as a reactive that requests a layout; for a leaf it only
+        # mirrors the size the layout just gave it, so every height change of a reply laid the whole
+        # screen out twice. Store it without that second layout.
+        return super()._size_updated(size, virtual_size, container_size, layout=False)
+
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return container.width
 

@@ -9,6 +9,7 @@ widget is then as cheap as any other finished message.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from time import perf_counter_ns, thread_time_ns
 from typing import Literal, get_args
 
@@ -33,9 +34,10 @@ _HIGHLIGHT_SLICE_NS = 5_000_000
 _RENDER_SLICE_NS = 12_000_000
 """Time from a frame's start after which no further block is rendered in that frame."""
 _SOONEST_NS = 1_000_000
-_HEADROOM = 6
-"""Lines a streaming reply reserves below its text, so it changes height (a layout of the whole screen,
-scrollbar included) once every few lines instead of on every new line."""
+_HEADROOM_MIN, _HEADROOM_MAX = 4, 12
+"""Rows a streaming reply reserves below its text, so it changes height (a layout of the whole screen,
+scrollbar included) once every few rows instead of on every new row: about half a second of growth at
+the current pace, within these bounds."""
 _MAX_BUSY_SHARE = 0.25
 """A frame that took long delays the next one so frames never take more than this share of the loop."""
 
@@ -126,6 +128,8 @@ class ChatMessage(FrozenLines):
         self._note = ""
         self._final = asyncio.Event()
         self._reserved: tuple[int, int] = (0, 0)
+        self._growth: deque[tuple[int, int]] = deque()
+        """Recent (time, row count) pairs while streaming: how fast the reply grows."""
         self._unpainted_ns: int | None = None
         """Arrival of the oldest delta taken in but not fully rendered yet."""
         self._render_deadline_ns: int | None = None
@@ -301,15 +305,23 @@ class ChatMessage(FrozenLines):
             self.invalidate_lines()
             self.refresh(layout=True)
             return
-        before, height = self.lines_for(width), self.content_height(width)
+        before = self.lines_for(width)
         self.invalidate_lines()
         after = self.lines_for(width)
-        if self.content_height(width) != height:
+        # Against the height laid out now: finishing drops the rows reserved below the text.
+        if self.content_height(width) != self.content_size.height:
             self.refresh(layout=True)
             return
+        # Repaint only rows that differ: re-wrapping the tail gives new row objects, but text added
+        # to a paragraph changes only its last rows (a repainted row costs Textual ~0.1 ms).
         same = min(len(before), len(after))
-        first = next((y for y in range(same) if before[y] is not after[y]), same)
+        first = next((y for y in range(same) if before[y] is not after[y] and before[y] != after[y]), same)
         last = max(len(before), len(after))
+        if len(before) == len(after):
+            while last > first and (
+                before[last - 1] is after[last - 1] or before[last - 1] == after[last - 1]
+            ):
+                last -= 1
         if first < last:
             self.refresh(Region(0, first, self.content_size.width, last - first))
 
@@ -319,9 +331,19 @@ class ChatMessage(FrozenLines):
             return lines
         reserved_width, reserved = self._reserved
         if reserved_width != width or lines > reserved:
-            reserved = lines + _HEADROOM if lines else 0
+            reserved = lines + self._headroom(lines) if lines else 0
             self._reserved = (width, reserved)
         return reserved
+
+    def _headroom(self, lines: int) -> int:
+        now = perf_counter_ns()
+        self._growth.append((now, lines))
+        while len(self._growth) > 2 and now - self._growth[0][0] > 1_000_000_000:
+            self._growth.popleft()
+        first_ns, first_lines = self._growth[0]
+        seconds = max((now - first_ns) / 1e9, 0.25)
+        per_half_second = int((lines - first_lines) / seconds / 2)
+        return min(_HEADROOM_MAX, max(_HEADROOM_MIN, per_half_second))
 
     def _painted(self, first_arrival_ns: int) -> None:
         lag_ms = max(0.0, (perf_counter_ns() - first_arrival_ns) / 1e6)
