@@ -173,7 +173,7 @@ class AttributionPanel(Static):
 
     def show(self, metrics: Metrics) -> None:
         """Paint the last attribution of ``metrics`` and its shares over the windowed requests."""
-        self._shown = (metrics.last_attribution, metrics.attribution_shares(), len(metrics.attributions))
+        self._shown = (metrics.last_attribution, metrics.attribution_shares(), metrics.attribution_count)
         self._paint()
 
     def _paint(self) -> None:
