@@ -31,7 +31,7 @@ Status = Literal["done", "cancelled", "error", "cached"]
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
 """Most time one frame spends highlighting code; the rest waits for the next turn of the loop."""
-_RENDER_SLICE_NS = 12_000_000
+_RENDER_SLICE_NS = 8_000_000
 """Time from a frame's start after which no further block is rendered in that frame."""
 _SOONEST_NS = 1_000_000
 _HEADROOM_MIN, _HEADROOM_MAX = 4, 12
