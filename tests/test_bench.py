@@ -469,3 +469,19 @@ def test_cache_hits_are_all_client_time(capsys, tmp_path, local_server) -> None:
     assert stats["attribution"]["cache"]["n"] == 5
     assert stats["attribution"]["server_generation"]["n"] == 1  # the one reply from the server
     assert "cache" in attribution_rows(out)
+
+
+def test_bench_writes_the_request_log(server_factory, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json as _json
+
+    from llmchat.tui.cli import main as _main
+
+    server = server_factory()
+    log = tmp_path / "requests.jsonl"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[log]\nrequests_path = "{log}"\n', encoding="utf-8")
+    status = _main(["--config", str(config), "bench", "--base-url", server.base_url, "--model", "llmchat-local",
+                    "--requests", "6", "--users", "2", "--quiet"])
+    assert status == 0
+    lines = [_json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 6 and all(line["status"] == 200 for line in lines)

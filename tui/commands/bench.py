@@ -28,6 +28,7 @@ from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
 from llmchat.core._load_stats import SLO, ConfigStats, compare_rows, summarize
 from llmchat.core._prometheus import start_exporter
+from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import percentile
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands._provider import offline_default
@@ -124,9 +125,12 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty())
     interrupted = False
-    bus = Bus() if args.metrics_port is not None else None
+    # One bus for every configuration when something watches: the exporter, the request log, or both.
+    bus = Bus() if args.metrics_port is not None or settings.log.requests_path else None
     with contextlib.ExitStack() as stack:
         if bus is not None:
+            stack.enter_context(contextlib.closing(attach_observers(bus, settings)))
+        if bus is not None and args.metrics_port is not None:
             exporter = stack.enter_context(start_exporter(bus, args.metrics_port))
             print(f"llmchat: metrics on {exporter.url}", file=sys.stderr)
         url, http2, model = stack.enter_context(
