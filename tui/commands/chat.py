@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from llmchat.tui.app import Offline, make_app
 
     settings = load_settings(args.config)
+    if getattr(args, "app_metrics_port", None) is not None:
+        from llmchat.core._prometheus import load_prometheus_client
+
+        load_prometheus_client()  # a missing extra is one line now, not a crash inside the running app
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
         offline = Offline(base_url) if base_url and not args.base_url else None
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
