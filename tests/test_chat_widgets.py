@@ -624,3 +624,27 @@ async def test_a_streaming_reply_grows_in_steps_of_several_rows() -> None:
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await pilot.pause()
         assert message.size.height == len(message.lines_for(message.inner_width))
+
+
+async def _screen_after(streamed: bool) -> str:
+    app = ChatApp()
+    async with app.run_test(size=(70, 24)) as pilot:
+        conversation = app.query_one(Conversation)
+        conversation.add_user("Show me everything.")
+        if streamed:
+            message = conversation.add_assistant()
+            await pilot.pause()
+            for line in REPLY.splitlines(keepends=True):
+                message.append(line)
+                await app.next_frame()
+            message.finish(status="done", note="TTFT 212 ms")
+        else:
+            message = conversation.add_assistant(REPLY, status="done", note="TTFT 212 ms")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        await pilot.pause()
+        return app.export_screenshot()
+
+
+async def test_a_streamed_reply_leaves_the_screen_as_a_reply_rendered_whole() -> None:
+    # Rows painted during the stream are kept across height changes; none may be left stale.
+    assert await _screen_after(streamed=True) == await _screen_after(streamed=False)

@@ -42,6 +42,10 @@ _MAX_BUSY_SHARE = 0.25
 """A frame that took long delays the next one so frames never take more than this share of the loop."""
 
 
+def _same(old: Line, new: Line) -> bool:
+    return old is new or old == new
+
+
 class UserMessage(FrozenLines):
     """The user's text, as typed (no Markdown), wrapped to the width."""
 
@@ -308,22 +312,20 @@ class ChatMessage(FrozenLines):
         before = self.lines_for(width)
         self.invalidate_lines()
         after = self.lines_for(width)
-        # Against the height laid out now: finishing drops the rows reserved below the text.
-        if self.content_height(width) != self.content_size.height:
-            self.refresh(layout=True)
-            return
         # Repaint only rows that differ: re-wrapping the tail gives new row objects, but text added
         # to a paragraph changes only its last rows (a repainted row costs Textual ~0.1 ms).
         same = min(len(before), len(after))
-        first = next((y for y in range(same) if before[y] is not after[y] and before[y] != after[y]), same)
+        first = next((y for y in range(same) if not _same(before[y], after[y])), same)
         last = max(len(before), len(after))
         if len(before) == len(after):
-            while last > first and (
-                before[last - 1] is after[last - 1] or before[last - 1] == after[last - 1]
-            ):
+            while last > first and _same(before[last - 1], after[last - 1]):
                 last -= 1
+        # Against the height laid out now: finishing drops the rows reserved below the text.
+        layout = self.content_height(width) != self.content_size.height
         if first < last:
-            self.refresh(Region(0, first, self.content_size.width, last - first))
+            self.refresh(Region(0, first, self.content_size.width, last - first), layout=layout)
+        elif layout:
+            self.refresh(Region(0, 0, 0, 0), layout=True)
 
     def content_height(self, width: int) -> int:
         lines = len(self.lines_for(width))
