@@ -18,6 +18,7 @@ from llmchat.tui.widgets.chat._message import ChatMessage, Status, UserMessage
 _SLICE_NS = 8_000_000
 """Most time one slice of background history rendering takes before the loop gets a turn."""
 _PAUSE_S = 0.001
+"""Pause between background slices: input and frames get the loop in between."""
 _LAYOUT_EVERY_NS = 250_000_000
 """Heights found by background rendering are laid out at most this often."""
 
@@ -67,9 +68,14 @@ class Conversation(VerticalScroll):
         self.mount(message)
         return message
 
-    def add_assistant(self, text: str = "", *, status: Status | None = None, note: str = "") -> ChatMessage:
-        """Mount an assistant reply at the end and return it: streaming unless ``status`` is given."""
-        message = ChatMessage(text, status=status, note=note)
+    def add_assistant(
+        self, text: str = "", *, status: Status | None = None, note: str = "", frame_rate: float = 15.0
+    ) -> ChatMessage:
+        """Mount an assistant reply at the end and return it: streaming unless ``status`` is given.
+
+        ``frame_rate`` caps the frames a second while it streams; ValueError unless positive.
+        """
+        message = ChatMessage(text, status=status, note=note, frame_rate=frame_rate)
         self.mount(message)
         return message
 
@@ -77,9 +83,9 @@ class Conversation(VerticalScroll):
         """Mount many finished messages at once (resuming a conversation).
 
         Only the messages nearest the end are rendered before the first paint; the others take an
-        estimated height and are rendered in the background, newest first, a slice at a time. While
-        the view follows the end nothing moves; if the user has scrolled up, the view is shifted by
-        what the messages above it gained or lost, so what is on screen stays put.
+        estimated height and are rendered in the background, newest first, a slice at a time, their
+        real heights laid out together every 250 ms. While the view follows the end nothing moves; if
+        the user has scrolled up, the view is moved with the text it shows, so that stays put.
         """
         widgets = list(messages)
         # Before its first layout the conversation has no size; the screen's is an upper bound.
