@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import re
@@ -158,6 +159,8 @@ Body = Callable[[Conversation], Awaitable[int]]
 
 async def measure(body: Body) -> Run:
     """Run ``body`` in a fresh app holding the history; time it and sample the loop's lag meanwhile."""
+    # Start each run without the previous runs' garbage, so no run pays for another's collections.
+    gc.collect()
     app = BenchApp()
     async with app.run_test(size=SIZE) as pilot:
         conversation = app.query_one(Conversation)
