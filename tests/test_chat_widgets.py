@@ -496,12 +496,38 @@ def _streamed_lines(text: str, cuts: list[int], width: int) -> list[Line]:
     return document.lines(width)
 
 
+TRICKY = """Setext heading
+==============
+
+1. first
+2. second, then a nested fence:
+
+   ```sh
+   echo "in a list"
+   ```
+
+3. third
+
+Para then a table with no blank line
+| a | b |
+|---|---|
+| 1 | 2 |
+***
+> quoted `code`
+lazy continuation line
+
+    indented code
+    after a paragraph
+
+Last line without a newline"""
+
+
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(min_value=0, max_value=len(REPLY)), max_size=40))
-def test_any_way_of_cutting_a_stream_ends_as_the_whole_render(cuts: list[int]) -> None:
+@given(st.sampled_from([REPLY, TRICKY]), st.lists(st.floats(min_value=0, max_value=1), max_size=40))
+def test_any_way_of_cutting_a_stream_ends_as_the_whole_render(text: str, fractions: list[float]) -> None:
     parser = new_parser()
-    expected = _renderer().blocks(split_blocks(parser, REPLY), 72, parser)
-    assert _streamed_lines(REPLY, cuts, 72) == expected
+    expected = _renderer().blocks(split_blocks(parser, text), 72, parser)
+    assert _streamed_lines(text, [int(f * len(text)) for f in fractions], 72) == expected
 
 
 def test_a_partial_line_never_settles_the_block_before_it() -> None:
