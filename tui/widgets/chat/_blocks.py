@@ -16,6 +16,8 @@ from markdown_it.token import Token
 # A link reference definition changes links anywhere in the document, so a reply holding one is
 # rendered whole at the end instead of reusing blocks rendered before the definition arrived.
 _REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[[^\]\n]+\]:", re.M)
+_BLANK_LINE = re.compile(r"^[ \t]*\n", re.M)
+_OPENER = re.compile(r"^ {0,3}[#`~>*+\-_=|<0-9]", re.M)
 
 
 def new_parser() -> MarkdownIt:
@@ -90,6 +92,18 @@ def split_blocks(
 def _block(tokens: list[Token], first_line: int, lines: list[str]) -> Block:
     start, end = tokens[0].map or [0, 0]
     return Block(tuple(tokens), first_line + start, first_line + end, "".join(lines[start:end]))
+
+
+def _may_start_block(text: str, start: int, end: int) -> bool:
+    """Could a new top-level block begin on one of the complete lines text[start:end]?
+
+    Only then can a block settle, so the parse that settles blocks is skipped otherwise. True when a
+    line follows a blank line or starts (after up to three spaces) with a character that opens a
+    block or closes a fence; False only for plain continuation lines, which is most of a paragraph
+    and of indented code. A False can only delay settling, never settle wrongly.
+    """
+    previous = text.rfind("\n", 0, max(0, start - 1)) + 1
+    return _BLANK_LINE.search(text, previous, end) is not None or _OPENER.search(text, start, end) is not None
 
 
 def has_reference_definitions(text: str) -> bool:
@@ -178,8 +192,9 @@ class BlockStream:
         if complete_end > self._checked_to and not self._finished:
             # Settle only from complete lines: a partial last line such as "#" parses as a heading
             # now and may become "#include" (paragraph text) with the next token.
+            if _may_start_block(text, self._checked_to, complete_end):
+                self._settle(text[self._tail_char : complete_end])
             self._checked_to = complete_end
-            self._settle(text[self._tail_char : complete_end])
         self._tail = split_blocks(self._parser, text[self._tail_char :], self._tail_line)
         return len(self._settled) - settled_before
 
