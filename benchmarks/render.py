@@ -1,10 +1,11 @@
-"""How fast the chat app paints a streamed reply, against Textual's own Markdown, in the same run.
+"""How fast the chat app paints a streamed reply, against Textual's own Markdown, in one run.
 
     /work/venv/bin/python benchmarks/render.py [--quick]
 
-Headless (``App.run_test(size=(120, 40))``), one process, one approach after another, each in a fresh
-app whose conversation already holds 30 finished messages (questions, and replies with prose, code and
-tables) as ``UserMessage``/``ChatMessage``; the approaches differ only in the reply being streamed.
+Headless (``App.run_test(size=(120, 40))``), one approach after another, each in a child process of
+its own (no run inherits another's heap, caches or garbage) and a fresh app whose conversation already
+holds 30 finished messages (questions, and replies with prose, code and tables) as ``UserMessage`` and
+``ChatMessage``; the approaches differ only in the reply being streamed.
 
 (a) A 4,000-token reply (prose, a 160-line code block, a table, a list) streamed as fast as the loop
     goes: the producer hands over one token and yields (``await asyncio.sleep(0)``). Printed: tokens
@@ -30,10 +31,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
+import dataclasses
+import json
 import os
 import random
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -159,8 +163,6 @@ Body = Callable[[Conversation], Awaitable[int]]
 
 async def measure(body: Body) -> Run:
     """Run ``body`` in a fresh app holding the history; time it and sample the loop's lag meanwhile."""
-    # Start each run without the previous runs' garbage, so no run pays for another's collections.
-    gc.collect()
     app = BenchApp()
     async with app.run_test(size=SIZE) as pilot:
         conversation = app.query_one(Conversation)
@@ -255,19 +257,40 @@ def idle(tokens: list[str], rate: float) -> Body:
     return body
 
 
-async def main(quick: bool) -> None:
+def body_for(name: str, quick: bool) -> Body:
+    """The measurement called ``name``, sized for a full or a ``--quick`` run."""
     fast_tokens, paced_tokens = (2000, 300) if quick else (4000, 1000)
     get_stream_s, naive_s = (5.0, 3.0) if quick else (20.0, 10.0)
+    fast, slow = reply(fast_tokens), reply(paced_tokens, seed=11)
+    bodies: dict[str, Callable[[], Body]] = {
+        "fast-ours": lambda: widget_stream(fast, None),
+        "fast-get_stream": lambda: textual_stream(fast, None, get_stream_s),
+        "fast-naive": lambda: naive_stream(fast, naive_s),
+        "paced-floor": lambda: idle(slow[: paced_tokens // 2], 100.0),
+        "paced-ours": lambda: widget_stream(slow, 100.0),
+        "paced-get_stream": lambda: textual_stream(slow, 100.0, float("inf")),
+    }
+    return bodies[name]()
+
+
+def run_child(name: str, quick: bool) -> Run:
+    """Measure ``name`` in a fresh interpreter, so no run inherits another's heap, caches or garbage."""
+    command = [sys.executable, __file__, "--child", name] + (["--quick"] if quick else [])
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark run {name} failed:\n{out.stderr.strip()}")
+    return Run(**json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(quick: bool) -> None:
+    fast_tokens, paced_tokens = (2000, 300) if quick else (4000, 1000)
     print(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; terminal {SIZE[0]}x{SIZE[1]}; "
-        "30 earlier messages in the conversation"
+        "30 earlier messages in the conversation; each run in a process of its own"
     )
-
-    fast = reply(fast_tokens)
-    print(f"\n(a) a {fast_tokens:,}-token reply ({len(''.join(fast)):,} characters) as fast as the loop goes")
-    ours = await measure(widget_stream(fast, None))
-    plain = await measure(textual_stream(fast, None, get_stream_s))
-    naive = await measure(naive_stream(fast, naive_s))
+    chars = len("".join(reply(fast_tokens)))
+    print(f"\n(a) a {fast_tokens:,}-token reply ({chars:,} characters) as fast as the loop goes")
+    ours, plain, naive = (run_child(name, quick) for name in ("fast-ours", "fast-get_stream", "fast-naive"))
     print(
         f"{'approach':<34}{'tokens':>8}{'tokens/s':>10}{'lag p99':>9}{'lag max':>9}{'wall s':>8}{'CPU s':>7}"
     )
@@ -288,11 +311,10 @@ async def main(quick: bool) -> None:
         f"{ours.rate / naive.rate:,.0f}x naive (both under-estimates)"
     )
 
-    slow = reply(paced_tokens, seed=11)
     print(f"\n(b) a {paced_tokens:,}-token reply at 100 tokens/s: share of one core")
-    floor = await measure(idle(slow[: paced_tokens // 2], 100.0))
-    ours_paced = await measure(widget_stream(slow, 100.0))
-    plain_paced = await measure(textual_stream(slow, 100.0, float("inf")))
+    floor, ours_paced, plain_paced = (
+        run_child(name, quick) for name in ("paced-floor", "paced-ours", "paced-get_stream")
+    )
     print(f"{'approach':<44}{'CPU %':>7}{'lag p99 ms':>12}{'wall s':>8}")
     for name, run in (
         ("no reply (producer, probe, idle app: floor)", floor),
@@ -327,4 +349,9 @@ if __name__ == "__main__":
         description="Streamed reply rendering: this app against Textual's Markdown."
     )
     parser.add_argument("--quick", action="store_true", help="a shorter run, about 25 s")
-    asyncio.run(main(parser.parse_args().quick))
+    parser.add_argument("--child", metavar="RUN", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(dataclasses.asdict(asyncio.run(measure(body_for(args.child, args.quick))))))
+    else:
+        main(args.quick)
