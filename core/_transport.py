@@ -121,7 +121,9 @@ def _default_context(
     return httpx.create_ssl_context(verify=True, trust_env=trust_env)
 
 
-def _build_client(endpoint: Endpoint) -> httpx.AsyncClient:
+def _build_client(
+    endpoint: Endpoint, verify: ssl.SSLContext | bool, *, connections: int, keepalive: int
+) -> httpx.AsyncClient:
     http = endpoint.http
     h2c = http.http2 == "h2c"
     headers = {"Accept-Encoding": "identity", "User-Agent": "llmchat"}
@@ -134,11 +136,11 @@ def _build_client(endpoint: Endpoint) -> httpx.AsyncClient:
         # h2c: HTTP/2 only, which httpx speaks with prior knowledge on http:// URLs.
         http1=not h2c,
         http2=bool(http.http2),
-        verify=_ssl_context(http),
+        verify=verify,
         trust_env=http.trust_env,
         limits=httpx.Limits(
-            max_connections=http.max_connections,
-            max_keepalive_connections=http.max_keepalive_connections,
+            max_connections=connections,
+            max_keepalive_connections=keepalive,
             keepalive_expiry=http.keepalive_expiry_s,
         ),
         timeout=httpx.Timeout(
@@ -151,26 +153,86 @@ def _build_client(endpoint: Endpoint) -> httpx.AsyncClient:
     )
 
 
+def _http11_only(endpoint: Endpoint) -> bool:
+    # httpx speaks h2 only by ALPN over https or with prior knowledge (h2c): http2 = true over http:// is 1.1.
+    http2 = endpoint.http.http2
+    return http2 is False or (http2 is True and urlsplit(endpoint.base_url).scheme == "http")
+
+
 class Transport:
-    """One provider's connection pool. Opened lazily on first request; ``aclose()`` closes it."""
+    """One provider's connection pool. Opened lazily on first request; ``aclose()`` closes it.
+
+    A pool that may speak HTTP/2 is one httpx client: its requests share a multiplexed connection. An
+    HTTP/1.1-only pool queues here instead: a semaphore of ``max_connections`` slots, each slot a
+    one-connection httpx client, taken lowest first, so a lone request always finds the warm connection and
+    the slots past ``max_keepalive_connections`` are the ones that close when idle. httpcore's own pool scans
+    every connection several times per request, with a poll() on each idle one: at 100 streams in flight
+    that cost more CPU than the streams themselves (benchmarks/client_overhead.py).
+    """
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
-        self._client: httpx.AsyncClient | None = None
+        self._verify: ssl.SSLContext | bool | None = None
+        self._clients: list[httpx.AsyncClient | None] = []
+        # HTTP/1.1-only pools: which slots have a request in flight, and the queue for a free one.
+        self._busy: list[bool] = []
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def is_open(self) -> bool:
-        return self._client is not None
+        return any(c is not None for c in self._clients)
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = _build_client(self.endpoint)
-        return self._client
+    def _open(self) -> None:
+        http = self.endpoint.http
+        per_slot = _http11_only(self.endpoint) and http.max_connections > 1
+        self._clients = [None] * (http.max_connections if per_slot else 1)
+        if per_slot:
+            self._busy = [False] * http.max_connections
+            self._slots = asyncio.Semaphore(http.max_connections)
+
+    def _client(self, slot: int) -> httpx.AsyncClient:
+        client = self._clients[slot]
+        if client is None:
+            http = self.endpoint.http
+            if self._verify is None:
+                self._verify = _ssl_context(http)
+            if self._slots is None:
+                connections, keepalive = http.max_connections, http.max_keepalive_connections
+            else:
+                connections, keepalive = 1, int(slot < http.max_keepalive_connections)
+            client = self._clients[slot] = _build_client(
+                self.endpoint, self._verify, connections=connections, keepalive=keepalive
+            )
+        return client
+
+    async def _acquire(self) -> int:
+        """A free slot, waiting up to http.pool_timeout_s for one; always 0 in a one-client pool."""
+        if not self._clients:
+            self._open()
+        slots = self._slots
+        if slots is None:
+            return 0
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self.endpoint.http.pool_timeout_s):
+                    await slots.acquire()
+            except TimeoutError:
+                raise _pool_timeout(self.endpoint) from None
+        else:
+            await slots.acquire()  # a slot is free: this returns without yielding
+        slot = self._busy.index(False)
+        self._busy[slot] = True
+        return slot
+
+    def _release(self, slot: int) -> None:
+        if self._slots is not None:
+            self._busy[slot] = False
+            self._slots.release()
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        clients, self._clients = self._clients, []
+        self._busy, self._slots = [], None
+        await asyncio.gather(*(c.aclose() for c in clients if c is not None))
 
     @asynccontextmanager
     async def request(
@@ -185,28 +247,34 @@ class Transport:
     ) -> AsyncIterator[WireResponse]:
         """Send one request and yield the open response (headers read, body not yet).
 
-        ``phases`` receives the stamps of this attempt. Failures before the headers raise ``ConnectError``,
-        ``TLSError``, ``TimeoutError`` or ``DisconnectedError``; the body's own failures surface while iterating.
+        ``phases`` receives the stamps of this attempt; the wait for a free connection is in its pool wait.
+        Failures before the headers raise ``ConnectError``, ``TLSError``, ``TimeoutError`` (``phase="pool"``
+        when no connection came free in time) or ``DisconnectedError``; the body's own failures surface while
+        iterating.
         """
-        client = self._get_client()
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        if stream:
-            headers["Accept"] = "text/event-stream"
-        if extra_headers:
-            headers.update(extra_headers)
-        req = client.build_request(method, path.lstrip("/"), content=body, headers=headers)
-        req.extensions["trace"] = _tracer(phases)
         phases.start_ns = time.perf_counter_ns()
+        slot = await self._acquire()
         try:
-            resp = await client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            raise _send_error(exc, self.endpoint, phases) from None
-        phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
-        try:
-            yield WireResponse(resp, self.endpoint)
+            client = self._client(slot)
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            if stream:
+                headers["Accept"] = "text/event-stream"
+            if extra_headers:
+                headers.update(extra_headers)
+            req = client.build_request(method, path.lstrip("/"), content=body, headers=headers)
+            req.extensions["trace"] = _tracer(phases)
+            try:
+                resp = await client.send(req, stream=True)
+            except httpx.HTTPError as exc:
+                raise _send_error(exc, self.endpoint, phases) from None
+            phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
+            try:
+                yield WireResponse(resp, self.endpoint)
+            finally:
+                # Cancellation (Esc) lands here too: closing releases or drops the connection at once.
+                await asyncio.shield(resp.aclose())
         finally:
-            # Cancellation (Esc) lands here too: closing releases or drops the connection at once.
-            await asyncio.shield(resp.aclose())
+            self._release(slot)
 
 
 def _tracer(phases: Phases) -> Any:
@@ -254,16 +322,21 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
+def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
+    http = ep.http
+    return errors.TimeoutError(
+        f"no free connection to {ep.hostport} within {http.pool_timeout_s:g} s (http.pool_timeout_s); "
+        f"too many requests in flight for http.max_connections = {http.max_connections}",
+        phase="pool",
+    )
+
+
 def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.APIError:
     where = ep.hostport
     text = " ".join(str(e) for e in _cause_chain(exc)).lower()
     http = ep.http
     if isinstance(exc, httpx.PoolTimeout):
-        return errors.TimeoutError(
-            f"no free connection to {where} within {http.pool_timeout_s:g} s (http.pool_timeout_s); "
-            f"too many requests in flight for http.max_connections = {http.max_connections}",
-            phase="pool",
-        )
+        return _pool_timeout(ep)
     if isinstance(exc, httpx.ConnectTimeout):
         return errors.TimeoutError(
             f"connecting to {where} timed out after {http.connect_timeout_s:g} s; check the host is up and "
