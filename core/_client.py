@@ -241,7 +241,7 @@ class ChatClient:
             record.retries.append(event)
             self.bus.publish(RetryPlanned(record, event))
 
-        # The first attempt goes out bare: tenacity's setup was 5 % of a streamed request's CPU, and only a
+        # The first attempt goes out bare: tenacity's setup was 4 % of a streamed request's CPU, and only a
         # failure needs it. The failure is then handed to the retry loop as its attempt 1, so what it decides
         # (retry or not, the wait, "after N attempts") is what it would have decided on its own.
         try:

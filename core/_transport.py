@@ -1,4 +1,4 @@
-"""The transport: one shared, pooled ``httpx.AsyncClient`` per provider, and the trace hook that stamps phases.
+"""The transport: one shared connection pool per provider on httpx, and the trace hook that stamps phases.
 
 This is the only module that imports httpx (httpx has had no release since 0.28.1; keeping it behind one seam
 means a fork or another client can replace it). Everything above sees ``WireResponse`` and llmchat's own
