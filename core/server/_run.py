@@ -128,6 +128,9 @@ async def _serve(
         if tls is not None:
             config.certfile, config.keyfile = tls.certfile, tls.keyfile
         config.keep_alive_timeout = KEEP_ALIVE_S
+        # hypercorn closes a connection after 1,000 requests by default, cutting every HTTP/2 stream still on
+        # it: a benchmark's long-lived pool would see errors the real APIs never cause.
+        config.keep_alive_max_requests = 1_000_000_000
         config.graceful_timeout = GRACEFUL_S
         config.errorlog = _quiet_log()
         config.accesslog = None
