@@ -1,0 +1,52 @@
+"""The main screen as an SVG snapshot: a finished conversation on the left, the HUD on the right fed fixed
+records. No request is made (warm-up off, a fixed address), so no clock or port reaches the picture. Update
+with ``pytest tests/test_app_snapshot.py --snapshot-update`` and look at the SVG before committing it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from test_hud_snapshots import feed, stream_records
+from textual.pilot import Pilot
+
+from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings
+from llmchat.core._history import HistoryStore
+from llmchat.tui.app import ChatApp, make_app
+from llmchat.tui.widgets.chat import Conversation
+
+REPLY = """Here is the **short** answer, with a table and some code.
+
+| figure | p50 |
+|---|---:|
+| TTFT | 212 ms |
+
+```python
+print("héllo, 世界 🚀")
+```
+"""
+
+
+def _app(tmp_path: Path) -> ChatApp:
+    settings = replace(Settings(), http=replace(HttpSettings(), warmup=False),
+                       cache=CacheSettings(path=str(tmp_path / "cache")))
+    # Port 9 (discard) on loopback: nothing is sent, the badge and HUD just need a stable address.
+    client = ChatClient(settings, base_url="http://127.0.0.1:9/v1", model="llmchat-local", http2="h2c")
+    return make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
+
+
+def test_main_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    app = _app(tmp_path)
+
+    async def fill(pilot: Pilot[None]) -> None:
+        view = app.query_one(Conversation)
+        view.add_user("Show me the latency figures")
+        reply = view.add_assistant(REPLY, status="done", note="llmchat-local · HTTP/2 · TTFT 212 ms · 70 tok/s")
+        await pilot.pause()
+        await reply.wait_final()
+        feed(app.client.bus, stream_records())
+        hud = app.query_one("#hud")
+        hud.paint()  # type: ignore[attr-defined]
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(150, 44), run_before=fill)
