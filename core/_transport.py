@@ -277,27 +277,27 @@ class Transport:
             self._release(slot)
 
 
+#: httpcore's trace events (after the "connection." / "http11." / "http2." prefix) -> the Phases stamp they set.
+_STAMPS = {
+    "connect_tcp.started": "connect_start_ns",
+    "connect_tcp.complete": "connect_end_ns",
+    "start_tls.started": "tls_start_ns",
+    "start_tls.complete": "tls_end_ns",
+    "send_request_headers.started": "send_start_ns",
+    "send_request_body.complete": "send_end_ns",
+    "receive_response_headers.complete": "headers_ns",
+}
+
+
 def _tracer(phases: Phases) -> Any:
     # httpcore calls this for each phase with names like "connection.connect_tcp.started",
     # "http11.send_request_headers.started" or "http2.receive_response_headers.complete". A request
     # multiplexed on an open HTTP/2 connection sees no "connection.*" events: that is how reuse shows.
     async def trace(name: str, info: Mapping[str, Any]) -> None:
         now = time.perf_counter_ns()
-        _, _, event = name.partition(".")
-        if event == "connect_tcp.started":
-            phases.connect_start_ns = now
-        elif event == "connect_tcp.complete":
-            phases.connect_end_ns = now
-        elif event == "start_tls.started":
-            phases.tls_start_ns = now
-        elif event == "start_tls.complete":
-            phases.tls_end_ns = now
-        elif event == "send_request_headers.started":
-            phases.send_start_ns = now
-        elif event == "send_request_body.complete":
-            phases.send_end_ns = now
-        elif event == "receive_response_headers.complete":
-            phases.headers_ns = now
+        stamp = _STAMPS.get(name.partition(".")[2])
+        if stamp is not None:
+            setattr(phases, stamp, now)
 
     return trace
 

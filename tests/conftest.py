@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import peers as P
 import pytest
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 
@@ -50,3 +51,18 @@ def server_factory() -> Iterator[Callable[..., RunningServer]]:
     yield make
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def peer() -> Iterator[Callable[..., P.Peer]]:
+    """``make(steps, **kw) -> Peer``: a scripted raw HTTP/1.1 peer (tests/peers.py), closed at teardown."""
+    made: list[P.Peer] = []
+
+    def make(steps: list[P.Step], **kw: Any) -> P.Peer:
+        p = P.Peer(steps, **kw).start()
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,20 +91,6 @@ def _near(reported_ms: float, configured_ms: float) -> bool:
 
 def _check_sum(a: Attribution) -> None:
     assert abs(sum(p.ms for p in a.parts) - a.total_ms) < 1e-6
-
-
-@pytest.fixture
-def peer() -> Iterator[Callable[..., P.Peer]]:
-    made: list[P.Peer] = []
-
-    def make(steps: list[P.Step], **kw: Any) -> P.Peer:
-        p = P.Peer(steps, **kw).start()
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.close()
 
 
 # -- llmchat serve: a known split is recovered ---------------------------------------------------------------

@@ -27,14 +27,6 @@ MSG = [{"role": "user", "content": "tell me about pools"}]
 MODEL = "llmchat-local"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.delenv("LLMCHAT_CONFIG", raising=False)
-
 
 def _settings(tmp_path: Path, **http: object) -> Settings:
     return replace(Settings(), http=replace(HttpSettings(), **http),

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +75,6 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return tmp_path
-
-
-@pytest.fixture
-def peer() -> Iterator[Callable[..., P.Peer]]:
-    made: list[P.Peer] = []
-
-    def make(steps: list[P.Step], **kw: Any) -> P.Peer:
-        p = P.Peer(steps, **kw).start()
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.close()
 
 
 def settings(tmp_path: Path, **http: Any) -> Settings:

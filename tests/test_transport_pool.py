@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +20,6 @@ from llmchat.core.server import RunningServer
 MSG = [{"role": "user", "content": "pool me"}]
 MODEL = "llmchat-local"
 
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
-        monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.delenv("LLMCHAT_CONFIG", raising=False)
 
 
 def _client(server: RunningServer, **http: object) -> ChatClient:
