@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import reap
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmchat.core import (
@@ -333,12 +334,7 @@ def test_serve_metrics_port_prints_the_url_before_the_ready_line_and_serves_it()
         assert process.wait(WAIT_S) == 0
         assert process.stderr is not None and process.stderr.read() == ""
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(WAIT_S)
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
+        reap(process, WAIT_S)
 
 
 # --- the example alert rules -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from processes import reap
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings, StreamCutError
 from llmchat.core._errors import UsageError
@@ -310,12 +311,7 @@ def test_proxy_command_forwards_with_the_delay_and_stops_on_sigterm(local_server
         assert process.wait(WAIT_S) == 0
         assert process.stderr is not None and process.stderr.read() == ""
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(WAIT_S)
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
+        reap(process, WAIT_S)
 
 
 def test_proxy_command_rejects_a_bad_target(capsys: pytest.CaptureFixture[str]) -> None:
