@@ -17,9 +17,10 @@ The rules, as the WHATWG HTML standard states them ("Server-sent events", "Inter
   nothing is dispatched (an ``id:`` followed by a ``: ping`` and a blank line is not an event);
 * an event still unterminated at the end of the stream is discarded.
 
-Choices the standard leaves to us: each event carries the reconnection time in force when it was dispatched
-(``retry``, ``None`` until a valid ``retry`` line arrives); a ``retry`` value too long for ``int()`` (over
-4300 digits) is ignored like any other invalid value.
+Choices the standard leaves to us: an event's ``retry`` is the value of a valid ``retry`` line in its own
+block (``None`` when its block had none), as httpx-sse and eventsource-parser report it; the reconnection time
+in force for the stream (the last valid ``retry`` line) is the decoder's ``retry``. A ``retry`` value too long
+for ``int()`` (over 4300 digits) is ignored like any other invalid value.
 
 Speed matters because this runs for every token of every reply. Line and event boundaries are found in the
 raw bytes with ``bytes`` methods (CR and LF never occur inside a UTF-8 multi-byte character, and nothing here
@@ -55,8 +56,9 @@ _BOM = b"\xef\xbb\xbf"
 class SSEDecoder:
     """Turns ``text/event-stream`` bytes into :class:`ServerSentEvent` values, incrementally.
 
-    One decoder per stream. ``retry`` (the reconnection time) and ``last_event_id`` (the ID a reconnecting
-    client sends as ``Last-Event-ID``) stay readable after :meth:`close`.
+    One decoder per stream. ``retry`` (the stream's reconnection time, from the last valid ``retry`` line; each
+    event's own ``retry`` is only its block's) and ``last_event_id`` (the ID a reconnecting client sends as
+    ``Last-Event-ID``) stay readable after :meth:`close`.
     """
 
     __slots__ = ("_head", "_skip_lf", "_parts", "_parts_end_lf", "_id", "_last_event_id", "_retry", "_extra")
@@ -150,8 +152,7 @@ class SSEDecoder:
                 values[0] = values[0][6:]
                 values[-1] = values[-1][:-2]
                 event_id = self._last_event_id = self._id
-                retry = self._retry
-                return [_new_event(ServerSentEvent, ("message", value, event_id, retry)) for value in values]
+                return [_new_event(ServerSentEvent, ("message", value, event_id, None)) for value in values]
         out: list[ServerSentEvent] = []
         self._parse_lines(text[:-1].split("\n"), out)
         return out
@@ -176,6 +177,7 @@ class SSEDecoder:
         """Apply complete lines, appending dispatched events to ``out``; the general, line-by-line path."""
         data: list[str] = []
         event_type = ""
+        event_retry: int | None = None  # a valid retry line in the current event's block
         last_id = self._id
         for line in lines:
             if not line:
@@ -183,11 +185,12 @@ class SSEDecoder:
                 if data:
                     out.append(
                         _new_event(
-                            ServerSentEvent, (event_type or "message", "\n".join(data), last_id, self._retry)
+                            ServerSentEvent, (event_type or "message", "\n".join(data), last_id, event_retry)
                         )
                     )
                     data = []
                 event_type = ""
+                event_retry = None
                 continue
             if line[:6] == "data: ":
                 data.append(line[6:])
@@ -211,10 +214,10 @@ class SSEDecoder:
                 if "\0" not in value:
                     last_id = value
             elif name in self._extra:
-                out.append(_new_event(ServerSentEvent, (name, value, last_id, self._retry)))
+                out.append(_new_event(ServerSentEvent, (name, value, last_id, event_retry)))
             elif name == "retry" and value.isascii() and value.isdigit():
                 try:
-                    self._retry = int(value)
+                    self._retry = event_retry = int(value)
                 except ValueError:
                     pass
         self._id = last_id

@@ -40,11 +40,13 @@ def reference_decode(stream: bytes) -> tuple[list[ServerSentEvent], int | None, 
     last_event_id_buffer = ""
     last_event_id_string = ""
     reconnection_time: int | None = None
+    event_retry: int | None = None  # the retry line of the event's own block (httpx-sse's, eventsource-parser's)
     for line in lines:
         if line == "":
             last_event_id_string = last_event_id_buffer
             if data_buffer == "":
                 event_type_buffer = ""
+                event_retry = None
                 continue
             if data_buffer.endswith("\n"):
                 data_buffer = data_buffer[:-1]
@@ -53,11 +55,12 @@ def reference_decode(stream: bytes) -> tuple[list[ServerSentEvent], int | None, 
                     event=event_type_buffer if event_type_buffer != "" else "message",
                     data=data_buffer,
                     id=last_event_id_string,
-                    retry=reconnection_time,
+                    retry=event_retry,
                 )
             )
             data_buffer = ""
             event_type_buffer = ""
+            event_retry = None
             continue
         if line.startswith(":"):
             continue
@@ -76,7 +79,7 @@ def reference_decode(stream: bytes) -> tuple[list[ServerSentEvent], int | None, 
                 last_event_id_buffer = value
         elif field == "retry":
             if value != "" and all(c in "0123456789" for c in value):
-                reconnection_time = int(value)
+                reconnection_time = event_retry = int(value)
     return events, reconnection_time, last_event_id_string
 
 
@@ -260,9 +263,13 @@ def test_last_event_id_updates_on_a_blank_line_even_without_data() -> None:
     assert decoder.last_event_id == "9"
 
 
-def test_retry_sets_the_reconnection_time_for_later_events() -> None:
-    events = decode(b"data: a\n\nretry: 1500\ndata: b\n\ndata: c\n\n")
-    assert [e.retry for e in events] == [None, 1500, 1500]
+def test_retry_is_the_events_own_and_the_stream_keeps_the_last() -> None:
+    decoder = SSEDecoder()
+    events = decoder.feed(b"data: a\n\nretry: 1500\ndata: b\n\ndata: c\n\n")
+    # Only the event whose block carried the line reports it (as httpx-sse and eventsource-parser do); the
+    # reconnection time in force stays on the decoder.
+    assert [e.retry for e in events] == [None, 1500, None]
+    assert decoder.retry == 1500
 
 
 @pytest.mark.parametrize(
@@ -272,13 +279,14 @@ def test_retry_sets_the_reconnection_time_for_later_events() -> None:
 def test_retry_that_is_not_all_ascii_digits_is_ignored(value: bytes) -> None:
     decoder = SSEDecoder()
     events = decoder.feed(b"retry: 10\n\nretry: " + value + b"\ndata: x\n\n")
-    assert [e.retry for e in events] == [10]
+    assert [e.retry for e in events] == [None]
     assert decoder.retry == 10
 
 
 def test_retry_too_long_for_int_is_ignored_without_raising() -> None:
-    events = decode(b"retry: 5\n\nretry: " + b"9" * 5000 + b"\ndata: x\n\n")
-    assert [e.retry for e in events] == [5]
+    decoder = SSEDecoder()
+    events = decoder.feed(b"retry: 5\n\nretry: " + b"9" * 5000 + b"\ndata: x\n\n")
+    assert [e.retry for e in events] == [None] and decoder.retry == 5
 
 
 def test_an_unterminated_event_is_discarded_at_close() -> None:
@@ -303,7 +311,7 @@ def test_close_resets_the_stream_but_keeps_retry_and_last_event_id() -> None:
     assert decoder.close() == []
     assert (decoder.retry, decoder.last_event_id) == (20, "4")
     # A new stream: its BOM is stripped again, nothing of "lost" leaks in, the last-event-ID buffer is fresh.
-    assert decoder.feed(b"\xef\xbb\xbfdata: b\n\n") == [ServerSentEvent(data="b", id="", retry=20)]
+    assert decoder.feed(b"\xef\xbb\xbfdata: b\n\n") == [ServerSentEvent(data="b", id="", retry=None)]
 
 
 def test_an_empty_chunk_yields_nothing() -> None:
