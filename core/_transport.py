@@ -375,7 +375,11 @@ def _send_error(exc: httpx.HTTPError, ep: Endpoint, phases: Phases) -> errors.AP
                 f"`llmchat serve` or check base_url for provider {ep.name!r}"
             )
         return errors.ConnectError(f"cannot connect to {where} ({_short(str(exc))}); check base_url and the network")
-    if isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in text:
+    # Closed (FIN) or reset (RST: a TLS port given plain http, a crashed server) before any response byte:
+    # httpcore says RemoteProtocolError for the one and ReadError/WriteError for the other; it is one event.
+    if isinstance(exc, httpx.ReadError | httpx.WriteError) or (
+        isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in text
+    ):
         if not phases.reused:
             # A fresh connection closed unanswered is most often plain http:// sent to a TLS port.
             return errors.DisconnectedError(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,10 +41,13 @@ class Peer:
     """A raw HTTP/1.1 server on 127.0.0.1 that answers each request with ``steps``.
 
     ``then``: ``"close"`` closes the connection after the script, ``"keep"`` waits for the next request on
-    it, ``"hang"`` holds it open and silent. ``requests`` counts the requests read so far.
+    it, ``"hang"`` holds it open and silent, ``"reset"`` aborts it with a TCP reset (as a TLS server does to
+    plain http, or a crashed process). ``requests`` counts the requests read so far.
     """
 
-    def __init__(self, steps: Sequence[Step], *, then: Literal["close", "keep", "hang"] = "close") -> None:
+    def __init__(
+        self, steps: Sequence[Step], *, then: Literal["close", "keep", "hang", "reset"] = "close"
+    ) -> None:
         self.steps = list(steps)
         self.then = then
         self.requests = 0
@@ -131,6 +136,12 @@ class Peer:
                     await asyncio.wait_for(self._stop.wait(), HANG_CAP_S)
                 return
             if self.then == "close":
+                return
+            if self.then == "reset":
+                # SO_LINGER with a zero timeout makes close() send RST instead of FIN.
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
                 return
 
 

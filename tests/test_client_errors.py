@@ -217,6 +217,19 @@ async def test_http_url_to_a_tls_server_says_use_https(tls_server: RunningServer
     assert record_of(exc).attempts == 1  # the same request would meet the same close
 
 
+async def test_a_reset_before_any_response_is_a_close_not_a_retried_connect_error(
+    peer: Callable[..., P.Peer], tmp_path: Path
+) -> None:
+    # What plain http to a TLS port meets when the server's TLS layer hangs up with the request unread: a TCP
+    # reset instead of a FIN (the intermittent case of the test above). Same cause, same line, same decision.
+    p = peer([], then="reset")
+    async with client(p.base_url, tmp_path, http2=False) as c:
+        _, exc = await fails(c.stream(MESSAGES))
+    assert isinstance(exc, DisconnectedError) and not exc.reused
+    check_message(exc, "closed a new connection without sending a response", "base_url start with https://")
+    assert record_of(exc).attempts == 1 and p.requests == 1
+
+
 # -- statuses -----------------------------------------------------------------------------------------------
 async def test_401_names_the_env_var_that_supplied_the_key_never_the_key(
     server_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
