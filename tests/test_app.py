@@ -201,3 +201,21 @@ async def test_request_log_and_metrics_port(local_server: RunningServer, tmp_pat
     assert "llmchat_request_duration_seconds" in body
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(lines) == 1 and lines[0]["http_version"] == "HTTP/2"
+
+
+async def test_the_garbage_collector_is_frozen_only_when_the_program_asks(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    server = server_factory(tokens_per_s=0)
+    before = gc.get_freeze_count()
+    app = _app(server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause()
+        await pilot.pause()
+        assert gc.get_freeze_count() == before  # a test run (or a library's process) is left as it was
+    frozen = _app(server, tmp_path, freeze_gc=True)
+    try:
+        async with frozen.run_test(size=(140, 40)) as pilot:
+            await _until(pilot, lambda: gc.get_freeze_count() > before)
+    finally:
+        gc.unfreeze()

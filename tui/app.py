@@ -96,8 +96,10 @@ class ChatApp(App[None]):
         offline: Offline | None = None,
         clients: dict[str, ChatClient] | None = None,
         metrics_port: int | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         super().__init__()
+        self._freeze_gc = freeze_gc
         self.settings = settings
         self.client = client
         self.clients: dict[str, ChatClient] = clients if clients is not None else {client.endpoint.name: client}
@@ -168,9 +170,12 @@ class ChatApp(App[None]):
         if self.conversation_id is not None:
             await self._load_conversation(self.conversation_id)
         self.query_one(PromptInput).focus()
-        # Move everything alive after start-up (Textual's tens of thousands of objects) out of the collector's
-        # reach: a full collection over them pauses the event loop for 40-70 ms, mid-stream.
-        self.call_after_refresh(gc.freeze)
+        if self._freeze_gc:
+            # Move everything alive after start-up (Textual's tens of thousands of objects) out of the
+            # collector's reach: a full collection over them pauses the event loop for 40-70 ms, mid-stream.
+            # Only for the `llmchat` program itself: in a test run or a library's process, freezing would
+            # also pin everything else alive there for good.
+            self.call_after_refresh(gc.freeze)
 
     async def on_unmount(self) -> None:
         if self.warmer is not None:
@@ -413,11 +418,13 @@ def make_app(
     continue_last: bool = False,
     offline: Offline | None = None,
     metrics_port: int | None = None,
+    freeze_gc: bool = False,
 ) -> ChatApp:
     """The app factory tests and the command line build the app through. The app closes ``client`` and
-    ``store`` when it exits."""
+    ``store`` when it exits. ``freeze_gc``: move start-up's objects out of the garbage collector's reach
+    after the first frame (the `llmchat` program only; see ``on_mount``)."""
     return ChatApp(settings=settings, client=client, store=store, conversation_id=conversation_id,
-                   continue_last=continue_last, offline=offline, metrics_port=metrics_port)
+                   continue_last=continue_last, offline=offline, metrics_port=metrics_port, freeze_gc=freeze_gc)
 
 
 __all__ = ["ChatApp", "Offline", "make_app", "reply_note"]
