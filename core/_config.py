@@ -1,7 +1,8 @@
 """Loading settings from their sources, and picking the provider a request goes to.
 
 Sources, later wins: the defaults in ``_settings.py``, the TOML file, the environment (``OPENAI_API_KEY`` and
-``OPENAI_BASE_URL`` as the rest of the ecosystem reads them, ``LLMCHAT_SECTION__KEY`` for everything else),
+``OPENAI_BASE_URL`` as the rest of the ecosystem reads them, ``LLMCHAT_SECTION__KEY`` for everything else,
+``LLMCHAT_PROVIDERS__NAME__KEY`` for a provider's keys),
 then command-line flags. Every value is checked before it is used (``_config_validate``); a bad one is a
 ``ConfigError`` whose one line names the file or variable, the key and what was expected.
 
@@ -161,9 +162,10 @@ def _env_tree(env: Mapping[str, str]) -> tuple[Tree, str]:
             parts = tuple(part.lower() for part in rest.split("__"))
         else:
             continue  # LLMCHAT_CONFIG and whatever else is not a setting
-        if parts[0] == "providers":
+        if parts[0] == "providers" and len(parts) < 3:
             raise ConfigError(
-                f"{var}: providers are set in the config file only; add a [providers.NAME] table there"
+                f"{var} names no provider key; use LLMCHAT_PROVIDERS__NAME__KEY, for example "
+                "LLMCHAT_PROVIDERS__OLLAMA__BASE_URL"
             )
         raw: object = env[var]
         for part in reversed(parts):
@@ -223,7 +225,9 @@ def load_settings(
     env_tree, env_default_by = _env_tree(env)
     flag_tree = _overrides_tree(overrides)
 
-    configured = set(file_tree.get("providers", {})) | set(flag_tree.get("providers", {}))
+    configured = (
+        set(file_tree.get("providers", {})) | set(env_tree.get("providers", {})) | set(flag_tree.get("providers", {}))
+    )
     openai_url = _openai_url(env, check=not configured or OPENAI_PROVIDER in configured)
     if not configured and _has_openai_env(env):
         env_tree = merge(

@@ -295,10 +295,20 @@ def test_a_missing_file_named_by_flag_or_env_is_an_error_but_not_at_the_default_
             "LLMCHAT_HTP__MAX_CONNECTIONS is not a setting (did you mean LLMCHAT_HTTP__MAX_CONNECTIONS?)",
         ),
         (
-            "LLMCHAT_PROVIDERS__GROQ__MODEL",
+            "LLMCHAT_PROVIDERS__GROQ",
             "x",
-            "LLMCHAT_PROVIDERS__GROQ__MODEL: providers are set in the config file only; "
-            "add a [providers.NAME] table there",
+            "LLMCHAT_PROVIDERS__GROQ names no provider key; use LLMCHAT_PROVIDERS__NAME__KEY, for example "
+            "LLMCHAT_PROVIDERS__OLLAMA__BASE_URL",
+        ),
+        (
+            "LLMCHAT_PROVIDERS__GROQ__BASE_URL",
+            "localhost:8000",
+            'LLMCHAT_PROVIDERS__GROQ__BASE_URL must be an http:// or https:// URL, got "localhost:8000"',
+        ),
+        (
+            "LLMCHAT_PROVIDERS__GROQ__MODL",
+            "x",
+            "LLMCHAT_PROVIDERS__GROQ__MODL is not a setting (did you mean LLMCHAT_PROVIDERS__GROQ__MODEL?)",
         ),
         (
             "OPENAI_BASE_URL",
