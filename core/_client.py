@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -88,16 +89,29 @@ def endpoint_from_settings(
     *,
     base_url: str | None = None,
     api_key: str | None = None,
+    api_key_env: str | None = None,
     http2: Http2Mode | None = None,
     env: Mapping[str, str] | None = None,
 ) -> tuple[Endpoint, str | None]:
     """Resolve the endpoint and the default model. An explicit ``base_url`` bypasses the providers table.
 
-    Raises ``ConfigError`` (via the config layer) for an unknown provider, and ``UsageError`` when nothing is
-    configured and no base URL is given (callers that want the offline default start the local server first).
+    ``api_key`` (library use) or ``api_key_env``, the name of an environment variable holding one
+    (``--api-key-env``), beat the provider's own key. Raises ``ConfigError`` (via the config layer) for an
+    unknown provider, and ``UsageError`` when nothing is configured and no base URL is given (callers that
+    want the offline default start the local server first) or when ``api_key_env`` names an unset variable.
     """
     from llmchat.core._config import resolve_provider
 
+    env = os.environ if env is None else env
+    source = "the api_key argument" if api_key else ""
+    if api_key is None and api_key_env:
+        api_key = env.get(api_key_env) or None
+        if api_key is None:
+            raise errors.UsageError(
+                f"--api-key-env {api_key_env}: that environment variable is not set or is empty; export "
+                f"{api_key_env} with the key first, or drop the flag"
+            )
+        source = f"env {api_key_env} (--api-key-env)"
     if base_url:
         http = settings.http
         if http2 is not None:
@@ -106,7 +120,9 @@ def endpoint_from_settings(
             name=provider or "custom",
             base_url=base_url.rstrip("/"),
             api_key=api_key,
-            api_key_source="--api-key" if api_key else "none (no key given with --base-url)",
+            api_key_source=source or "none (no key is sent with --base-url unless --api-key-env names one)",
+            api_key_hint="" if api_key else "pass --api-key-env VAR, VAR being the environment variable that "
+            "holds the key",
             http=http,
         )
         return ep, None
@@ -121,7 +137,8 @@ def endpoint_from_settings(
         name=resolved.name,
         base_url=resolved.base_url,
         api_key=api_key or resolved.api_key,
-        api_key_source="--api-key" if api_key else resolved.api_key_source,
+        api_key_source=source or resolved.api_key_source,
+        api_key_hint="" if api_key else resolved.api_key_hint,
         headers=dict(resolved.headers),
         http=http,
     )
@@ -150,6 +167,7 @@ class ChatClient:
         provider: str | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         model: str | None = None,
         http2: Http2Mode | None = None,
         bus: Bus | None = None,
@@ -160,7 +178,8 @@ class ChatClient:
     ) -> None:
         self.settings = settings or Settings()
         self.endpoint, default_model = endpoint_from_settings(
-            self.settings, provider, base_url=base_url, api_key=api_key, http2=http2, env=env
+            self.settings, provider, base_url=base_url, api_key=api_key, api_key_env=api_key_env, http2=http2,
+            env=env,
         )
         self.model = model or default_model or ""
         self.bus = bus or Bus()
@@ -267,6 +286,7 @@ class ChatClient:
             headers=resp.headers,
             where=self.endpoint.hostport,
             key_source=self.endpoint.api_key_source,
+            key_hint=None if self.endpoint.api_key else self.endpoint.api_key_hint,
             model=model,
             models=models,
         )

@@ -264,8 +264,9 @@ def _unknown_provider(name: str, providers: Mapping[str, object]) -> str:
 class ResolvedProvider:
     """One provider with everything a request needs: URL, key, model, headers and its HTTP settings.
 
-    ``api_key_source`` says where the key came from, for messages ("env OPENAI_API_KEY", "none"); the key
-    itself never appears in ``repr``.
+    ``api_key_source`` says where the key came from, for messages ("env OPENAI_API_KEY", "none");
+    ``api_key_hint``, when there is none, which config key or flag would send one. The key itself never
+    appears in ``repr``.
     """
 
     name: str
@@ -275,6 +276,8 @@ class ResolvedProvider:
     model: str | None
     headers: dict[str, str]
     http: HttpSettings
+    api_key_hint: str = ""
+    """With no key: how to send one (the config key or flag to set), for a 401's message."""
 
     def __repr__(self) -> str:
         key = None if self.api_key is None else mask_secret(self.api_key)
@@ -295,34 +298,43 @@ def _host(url: str) -> str:
 
 def _api_key(
     p: ProviderSettings, base_url: str, env: Mapping[str, str], openai_url: str
-) -> tuple[str | None, str]:
-    """The key for provider ``p`` and where it came from.
+) -> tuple[str | None, str, str]:
+    """The key for provider ``p``, where it came from, and (when there is none) how to send one.
 
     OPENAI_API_KEY goes only to api.openai.com, or to the provider ``openai`` when OPENAI_BASE_URL pointed it
     somewhere (the two variables travel together in the ecosystem). Anywhere else it would hand an OpenAI key
-    to a stranger, so it needs an explicit ``api_key_env = "OPENAI_API_KEY"``.
+    to a stranger, so it needs an explicit ``api_key_env = "OPENAI_API_KEY"`` (or ``--api-key-env``).
     """
     openai_key = env.get(OPENAI_KEY_ENV, "")
     may_get_openai_key = _host(base_url) == OPENAI_HOST or (
         p.name == OPENAI_PROVIDER and bool(openai_url) and base_url == openai_url
     )
     if p.api_key_env and env.get(p.api_key_env):
-        return env[p.api_key_env], f"env {p.api_key_env} (providers.{p.name}.api_key_env)"
+        return env[p.api_key_env], f"env {p.api_key_env} (providers.{p.name}.api_key_env)", ""
     if p.name == OPENAI_PROVIDER and openai_key and may_get_openai_key:
         # The ecosystem's rule for the provider the variables are named after: the environment beats the file.
-        return openai_key, f"env {OPENAI_KEY_ENV}"
+        return openai_key, f"env {OPENAI_KEY_ENV}", ""
     if p.api_key:
-        return p.api_key, f"providers.{p.name}.api_key in the config file"
+        return p.api_key, f"providers.{p.name}.api_key in the config file", ""
     if p.api_key_env:
-        return None, f"none (env {p.api_key_env}, named by providers.{p.name}.api_key_env, is not set)"
+        return None, f"none (env {p.api_key_env}, named by providers.{p.name}.api_key_env, is not set)", (
+            f"export {p.api_key_env} (named by providers.{p.name}.api_key_env), or pass --api-key-env VAR"
+        )
     if openai_key and may_get_openai_key:
-        return openai_key, f"env {OPENAI_KEY_ENV}"
+        return openai_key, f"env {OPENAI_KEY_ENV}", ""
     if openai_key:
+        host = _host(base_url) or base_url
         return None, (
             f'none ({OPENAI_KEY_ENV} is only sent to {OPENAI_HOST}; set api_key_env = "{OPENAI_KEY_ENV}" '
-            f"in [providers.{p.name}] to send it to {_host(base_url) or base_url})"
+            f"in [providers.{p.name}] to send it to {host})"
+        ), (
+            f'set api_key_env = "{OPENAI_KEY_ENV}" in [providers.{p.name}] to send {OPENAI_KEY_ENV} to {host}, '
+            f"or pass --api-key-env {OPENAI_KEY_ENV}"
         )
-    return None, "none"
+    return None, "none", (
+        f'set api_key_env = "VAR" in [providers.{p.name}] of the config (VAR holding the key), or pass '
+        "--api-key-env VAR"
+    )
 
 
 def resolve_provider(
@@ -360,12 +372,13 @@ def resolve_provider(
         raise ConfigError(_unknown_provider(name, providers))
     p = providers[name]
     base_url = p.base_url.rstrip("/")
-    api_key, source = _api_key(p, base_url, env, openai_url)
+    api_key, source, hint = _api_key(p, base_url, env, openai_url)
     return ResolvedProvider(
         name=name,
         base_url=base_url,
         api_key=api_key,
         api_key_source=source,
+        api_key_hint=hint,
         model=p.model,
         headers=dict(p.headers),
         http=dataclasses.replace(settings.http, **p.http),  # type: ignore[arg-type]

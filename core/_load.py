@@ -159,6 +159,8 @@ class Target:
     """Size every pool to this many connections, kept alive alike (nopool keeps none and has no limit)."""
     bus: Bus | None = None
     """One bus for every configuration's client (``--metrics-port`` watches it); None gives each its own."""
+    api_key_env: str | None = None
+    """Send the key held in this environment variable (``--api-key-env``)."""
 
 
 @dataclass(slots=True)
@@ -203,7 +205,7 @@ def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
     settings = dataclasses.replace(settings, cache=cache)
     retry = dataclasses.replace(settings.retry, max_attempts=1) if "noretry" in parts else None
     client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
-                        http2=target.http2, retry=retry, bus=target.bus)
+                        http2=target.http2, retry=retry, bus=target.bus, api_key_env=target.api_key_env)
     http = client.endpoint.http
     if target.max_connections is not None:
         http = dataclasses.replace(http, max_connections=target.max_connections,

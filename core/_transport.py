@@ -39,6 +39,8 @@ class Endpoint:
     base_url: str
     api_key: str | None = None
     api_key_source: str = "none"
+    api_key_hint: str = ""
+    """With no key: which flag or config key would send one (for a 401's message)."""
     headers: Mapping[str, str] = field(default_factory=dict)
     http: HttpSettings = field(default_factory=HttpSettings)
 

@@ -216,13 +216,15 @@ def status_error(
     key_source: str,
     model: str,
     models: Sequence[str] | None = None,
+    key_hint: str | None = None,
 ) -> errors.HTTPStatusError | errors.ProtocolError:
     """Map an error status to a typed error with a one-line cause-and-fix message.
 
-    ``key_source`` names where the API key came from (never the key). ``models`` are the ids /models offers,
-    listed for a 404 when known.
+    ``key_source`` names where the API key came from (never the key); ``key_hint`` is given when no key was
+    sent, and says which flag or config key would send one. ``models`` are the ids /models offers, listed for
+    a 404 when known.
     """
-    if _looks_html(body, content_type):
+    if looks_html(body, content_type):
         err = errors.ServerError if status >= 500 else errors.HTTPStatusError
         return err(
             f"{where} answered HTTP {status} with an HTML page ({_html_title(body)}) instead of JSON; a proxy or "
@@ -235,6 +237,13 @@ def status_error(
     except (ValueError, AttributeError):
         detail = _snippet(body.decode("utf-8", "replace")) if body else "no body"
     detail = _redact_keys(detail)
+    if status in (401, 403) and key_hint is not None:
+        return errors.AuthError(
+            f"{where} {'wants an API key' if status == 401 else 'refused access'} (HTTP {status}: {detail}); "
+            f"no key was sent: {key_hint or 'configure one for this provider'}",
+            status=status,
+            headers=headers,
+        )
     if status in (401, 403):
         what = "rejected the API key" if status == 401 else "refused access"
         return errors.AuthError(

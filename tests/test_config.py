@@ -849,3 +849,56 @@ def test_every_rule_names_a_real_field() -> None:
 
     assert [k for k in RULES if not resolves(k)] == []
     assert all(resolves(k) for k in SUBTABLES)
+
+
+def test_a_provider_from_the_environment_alone_and_over_the_file(tmp_path: Path) -> None:
+    env = {
+        "LLMCHAT_PROVIDERS__OLLAMA__BASE_URL": "http://127.0.0.1:11434/v1",
+        "LLMCHAT_PROVIDERS__OLLAMA__MODEL": "llama3.2",
+        "LLMCHAT_PROVIDERS__OLLAMA__HTTP__HTTP2": "false",
+    }
+    settings = load_settings(env=env)
+    p = resolve_provider(settings, env=env)
+    assert p is not None
+    assert (p.name, p.base_url, p.model, p.http.http2) == ("ollama", "http://127.0.0.1:11434/v1", "llama3.2", False)
+
+    # The environment beats the file's value for the same key, and leaves the file's other keys alone.
+    config = providers_file(
+        tmp_path,
+        """\
+        [providers.ollama]
+        base_url = "http://10.0.0.9:11434/v1"
+        model = "qwen3"
+        """,
+    )
+    over = resolve_provider(load_settings(config, env={"LLMCHAT_PROVIDERS__OLLAMA__MODEL": "llama3.2"}), env={})
+    assert over is not None and (over.base_url, over.model) == ("http://10.0.0.9:11434/v1", "llama3.2")
+
+
+def test_the_hint_for_a_missing_key_names_the_config_key_and_the_flag(tmp_path: Path) -> None:
+    config = providers_file(
+        tmp_path,
+        """\
+        default_provider = "groq"
+        [providers.groq]
+        base_url = "https://api.groq.com/openai/v1"
+        api_key_env = "GROQ_KEY"
+        [providers.local]
+        base_url = "http://127.0.0.1:8000/v1"
+        """,
+    )
+    settings = load_settings(config, env={})
+    groq = resolve_provider(settings, env={})
+    local = resolve_provider(settings, "local", env={"OPENAI_API_KEY": ENV_KEY})
+    bare = resolve_provider(settings, "local", env={})
+    assert groq is not None and local is not None and bare is not None
+    assert groq.api_key_hint == "export GROQ_KEY (named by providers.groq.api_key_env), or pass --api-key-env VAR"
+    assert local.api_key is None and local.api_key_hint == (
+        'set api_key_env = "OPENAI_API_KEY" in [providers.local] to send OPENAI_API_KEY to 127.0.0.1, '
+        "or pass --api-key-env OPENAI_API_KEY"
+    )
+    assert bare.api_key_hint == (
+        'set api_key_env = "VAR" in [providers.local] of the config (VAR holding the key), or pass --api-key-env VAR'
+    )
+    with_key = resolve_provider(settings, env={"GROQ_KEY": ENV_KEY})
+    assert with_key is not None and with_key.api_key_hint == ""
