@@ -17,6 +17,9 @@ The timeline, stream mode (batch mode has one reply span instead of the last two
                                                              │ network (derived)│ client decode
                                                              │ client decode    │
 
+A request that had to look its model up (GET /models, no model named) starts with that lookup: its connect
+and TLS (the connection it opened is the request's) and the rest as ``model lookup`` (network + server).
+
 - Parts sum to ``total_ms`` (exactly in integer nanoseconds; to float rounding in ms). ``unexplained`` takes
   the remainder: a span no stamp covers (a request that failed before its stamps were set), or, shown
   *negative*, a reported span longer than the measured span it should fit in (clocks, or a server that counts
@@ -81,6 +84,7 @@ class Part(NamedTuple):
 # key -> (name, group, source) for every part attribute() can produce.
 PARTS: dict[str, tuple[str, Group, Source]] = {
     "cache": ("cache hit", "client", "measured"),
+    "model_lookup": ("model lookup (GET /models)", "network+server", "measured"),
     "encode": ("request encoding", "client", "measured"),
     "client_other": ("client (other)", "client", "measured"),
     "retries": ("retries and their waits", "retry", "measured"),
@@ -286,8 +290,9 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
     end = t0 + total_ns
     attempt = ph.start_ns if ph.start_ns and t0 <= ph.start_ns <= end else end
 
-    # t0 -> the last attempt: encoding, then retries (earlier attempts and their waits) or client work.
-    before = attempt - t0
+    # t0 -> the last attempt: a model lookup, encoding, then retries (earlier attempts and their waits) or
+    # client work.
+    before = attempt - t0 - _model_lookup(b, record, t0, attempt)
     encode = min(max(0, record.encode_ns), before)
     b.add("encode", encode, keep_zero=True)
     b.add("retries" if record.retries else "client_other", before - encode)
@@ -320,6 +325,20 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
     else:
         _reply(b, report, end - send_end, decode_ns)
     return b
+
+
+def _model_lookup(b: _Builder, record: TimingRecord, t0: int, attempt: int) -> int:
+    """The model lookup before the first attempt, as connect, TLS and the lookup itself; its span in ns."""
+    d = record.discovery
+    if d is None or record.discovery_end_ns is None:
+        return 0
+    span = _span(d.start_ns, record.discovery_end_ns, t0, attempt)
+    connect = _span(d.connect_start_ns, d.connect_end_ns, t0, attempt)
+    tls = _span(d.tls_start_ns, d.tls_end_ns, t0, attempt)
+    b.add("connect", connect)
+    b.add("tls", tls)
+    b.add("model_lookup", max(0, span - connect - tls))
+    return span
 
 
 def _to_first_token(

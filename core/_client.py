@@ -214,22 +214,34 @@ class ChatClient:
     def _record(self, mode: str, model: str) -> TimingRecord:
         return TimingRecord(mode=mode, provider=self.endpoint.name, model=model, host=self.endpoint.hostport)
 
-    async def _model(self, model: str | None) -> str:
+    async def _model(self, model: str | None, record: TimingRecord | None = None) -> str:
+        """``model``, else the client's, else the first one GET /models lists (once; then it is the client's).
+
+        The lookup is part of the request it serves: with ``record`` its phases and end are stamped there
+        (the connection it opens is the request's, and attribution shows the lookup as a part of its own).
+        Raises the lookup's own APIError when listing fails (refused, 401, an HTML page...), and UsageError
+        only when the list really is empty.
+        """
         m = model or self.model
         if m:
             return m
         # No model named anywhere: a local server (llama.cpp, Ollama, ours) usually serves one; take the first
         # it lists, once, rather than make the user look it up.
+        phases = Phases()
         try:
-            offered = await self.models()
-        except errors.APIError:
-            offered = []
+            offered = await self.models(phases=phases)
+        finally:
+            if record is not None:
+                record.discovery = phases
+                record.discovery_end_ns = time.perf_counter_ns()
         if not offered:
             raise errors.UsageError(
                 f"no model chosen for provider {self.endpoint.name!r} and its /models lists none; pass --model "
                 f"or set providers.{self.endpoint.name}.model"
             )
         self.model = offered[0]
+        if record is not None:
+            record.model = self.model
         return self.model
 
     # -- requests --------------------------------------------------------------------------------------------
@@ -275,9 +287,20 @@ class ChatClient:
 
         return await call_with_retries(resend, self.retry, on_retry=on_retry)
 
-    async def _status_error(self, resp: WireResponse, data: bytes, model: str) -> errors.APIError:
+    async def _status_error(
+        self, resp: WireResponse, data: bytes, model: str, *, listing: bool = False
+    ) -> errors.APIError:
+        """The typed error for an error status. A 404 on a request lists the models (bounded) for its message;
+        a 404 on the listing itself (``listing``) says the path is wrong, and never asks again."""
+        if listing and resp.status == 404 and not wire.looks_html(data, resp.headers.get("content-type", "")):
+            return errors.NotFoundError(
+                f"{self.endpoint.hostport} has no {self.endpoint.base_url}/models (HTTP 404); base_url is "
+                "probably missing its /v1 (e.g. http://127.0.0.1:8000/v1): fix base_url",
+                status=404,
+                headers=resp.headers,
+            )
         models: list[str] | None = None
-        if resp.status == 404:
+        if resp.status == 404 and not listing:
             models = await self._models_quietly()
         return wire.status_error(
             resp.status,
@@ -297,13 +320,15 @@ class ChatClient:
         except (errors.APIError, asyncio.TimeoutError):
             return None
 
-    async def models(self) -> list[str]:
-        """The model ids GET /models offers, in its order. Raises the usual APIError family."""
-        phases = Phases()
-        async with self.transport.request("GET", "models", phases=phases) as resp:
+    async def models(self, *, phases: Phases | None = None) -> list[str]:
+        """The model ids GET /models offers, in its order; ``phases`` receives the request's stamps.
+
+        Raises the usual APIError family; a 404 (a base_url without /v1) says so at once.
+        """
+        async with self.transport.request("GET", "models", phases=phases or Phases()) as resp:
             data = await resp.aread()
         if resp.status >= 400:
-            raise await self._status_error(resp, data, self.model)
+            raise await self._status_error(resp, data, self.model, listing=True)
         return wire.parse_models(data)
 
     def stream(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatStream:
@@ -317,12 +342,12 @@ class ChatClient:
 
     async def complete(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatReply:
         """One whole reply (batch mode), answered from the cache when the cache policy allows."""
-        m = await self._model(model)
-        record = self._record("batch", m)
+        record = self._record("batch", model or self.model)
         self.bus.publish(RequestStarted(record, messages))
         key = None
         answer: str | None = None
         try:
+            m = await self._model(model, record)
             if self.cache is not None and self.cache.policy_allows(params):
                 key = ReplyCache.chat_key(
                     base_url=self.endpoint.base_url, model=m, messages=list(messages), params=params
@@ -459,12 +484,13 @@ class ChatStream:
         client, record = self._client, self.record
         bus = client.bus
         try:
-            if not self.model:
-                self.model = record.model = await client._model(None)
-            # t0 is when the request starts, not when the stream object was made or the model looked up.
+            # t0 is when the request starts, not when the stream object was made. A model lookup the request
+            # needs is part of it: the user waits for it, and the connection it opens is this request's.
             record.t0_ns, record.t0_mono_ns = time.perf_counter_ns(), time.monotonic_ns()
             record.wall_start = time.time()
             bus.publish(RequestStarted(record, self.messages))
+            if not self.model:
+                self.model = await client._model(None, record)
             async for piece in self._replay_or_stream():
                 yield piece
         except errors.APIError as exc:

@@ -85,6 +85,10 @@ class TimingRecord:
     # The same instant on time.monotonic_ns's clock, so server stamps (monotonic) can be compared on any OS.
     t0_mono_ns: int = field(default_factory=time.monotonic_ns)
     phases: Phases = field(default_factory=Phases)
+    # A model lookup (GET /models) the request made before its first attempt, when no model was named: its
+    # stamps, and when it ended. The connection it opened is the request's.
+    discovery: Phases | None = None
+    discovery_end_ns: int | None = None
     first_token_ns: int | None = None
     last_token_ns: int | None = None
     end_ns: int | None = None
@@ -119,20 +123,34 @@ class TimingRecord:
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property
     def connection_reused(self) -> bool:
-        return self.phases.reused
+        """No connection was opened for the request: not by its last attempt, nor by its model lookup."""
+        return self.phases.reused and (self.discovery is None or self.discovery.reused)
 
     @property
     def pool_wait_ms(self) -> float | None:
         w = self.phases.pool_wait_ns
         return None if w is None else w / _NS_PER_MS
 
+    def _opened(self) -> Phases:
+        # The phases that opened the request's connection: the last attempt's, else the model lookup's.
+        if self.phases.reused and self.discovery is not None and not self.discovery.reused:
+            return self.discovery
+        return self.phases
+
     @property
     def connect_ms(self) -> float | None:
-        return _ms(self.phases.connect_start_ns, self.phases.connect_end_ns)
+        opened = self._opened()
+        return _ms(opened.connect_start_ns, opened.connect_end_ns)
 
     @property
     def tls_ms(self) -> float | None:
-        return _ms(self.phases.tls_start_ns, self.phases.tls_end_ns)
+        opened = self._opened()
+        return _ms(opened.tls_start_ns, opened.tls_end_ns)
+
+    @property
+    def model_lookup_ms(self) -> float | None:
+        """The model lookup (GET /models) the request made first, when no model was named; else None."""
+        return None if self.discovery is None else _ms(self.discovery.start_ns, self.discovery_end_ns)
 
     @property
     def send_ms(self) -> float | None:
@@ -189,6 +207,7 @@ class TimingRecord:
             "http_version": self.http_version,
             "connection_reused": self.connection_reused,
             "status": self.status,
+            "model_lookup_ms": _round(self.model_lookup_ms),
             "pool_wait_ms": _round(self.pool_wait_ms),
             "connect_ms": _round(self.connect_ms),
             "tls_ms": _round(self.tls_ms),

@@ -154,7 +154,7 @@ def parse_models(body: bytes) -> list[str]:
 
 
 def _json_object(body: bytes, *, status: int, content_type: str, where: str) -> dict[str, Any]:
-    if _looks_html(body, content_type):
+    if looks_html(body, content_type):
         raise errors.ProtocolError(
             f"{where} answered HTTP {status} with an HTML page ({_html_title(body)}) where JSON was expected; "
             "a proxy or gateway answered: check base_url and HTTPS_PROXY"
@@ -171,7 +171,7 @@ def _json_object(body: bytes, *, status: int, content_type: str, where: str) -> 
     return obj
 
 
-def _looks_html(body: bytes, content_type: str) -> bool:
+def looks_html(body: bytes, content_type: str) -> bool:
     head = body[:200].lstrip().lower()
     return "html" in content_type.lower() or head.startswith((b"<!doctype", b"<html", b"<head", b"<body"))
 
