@@ -18,7 +18,7 @@ connection pool of its own, kept for the user's life: its second request reuses 
 client's would, and users never share one. All timing comes from the engine's records
 (``time.perf_counter_ns``), never from Locust's clock.
 
-Use it from a locustfile (see ``benchmarks/locustfile.py``)::
+Use it from a locustfile (``llmchat.core.locustfile`` ships one; ``llmchat locust`` runs it)::
 
     from llmchat.core.locust_user import LLMChatUser
 

@@ -1,14 +1,15 @@
-"""Load-test an OpenAI-compatible server with Locust, through llmchat's engine.
+"""Load-test an OpenAI-compatible server with Locust, through llmchat's engine. It ships in the package;
+`llmchat locust` runs Locust with it (``llmchat locust --path`` prints where it is, for ``locust -f``).
 
 One machine::
 
     llmchat serve --profile chat --port 8000 &
-    locust -f benchmarks/locustfile.py --headless -u 50 -r 10 -t 1m --host http://127.0.0.1:8000/v1
+    LLMCHAT_HTTP2=h2c llmchat locust --headless -u 50 -r 10 -t 1m --host http://127.0.0.1:8000/v1
 
 Many machines (Locust's master and workers; every worker needs llmchat installed with the locust extra)::
 
-    locust -f benchmarks/locustfile.py --master --host https://api.example/v1
-    locust -f benchmarks/locustfile.py --worker --master-host MASTER_IP     # on each worker machine
+    llmchat locust --master --host https://api.example/v1
+    llmchat locust --worker --master-host MASTER_IP     # on each worker machine
 
 Locust's table then shows three rows per user class: ``ttft`` (time to first token), ``ttfb`` (time to the
 response headers) and ``e2e`` (end to end; failures are counted here, once each). Their times are the

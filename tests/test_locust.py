@@ -21,8 +21,7 @@ from llmchat.core import CacheSettings, ChatClient, RetrySettings, ServerError, 
 from llmchat.core._locust_report import REQUEST_TYPE, report
 from llmchat.core.server import RunningServer
 
-REPO = Path(__file__).resolve().parent.parent
-LOCUSTFILE = REPO / "benchmarks" / "locustfile.py"
+LLMCHAT = Path(sys.executable).parent / "llmchat"
 MODEL = "llmchat-local"
 needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
                                   reason="locust is not installed (pip install 'llmchat[locust]')")
@@ -33,8 +32,10 @@ def test_a_headless_locust_run_reports_ttft_ttfb_and_end_to_end(
     local_server: RunningServer, tmp_path: Path
 ) -> None:
     out = tmp_path / "stats.json"
+    # As installed: the console script runs Locust with the locustfile shipped in the package, from a folder
+    # that holds no checkout.
     command = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "4", "-r", "4", "-t", "2s",
+        str(LLMCHAT), "locust", "--headless", "-u", "4", "-r", "4", "-t", "2s",
         "--host", local_server.base_url, "--json-file", str(tmp_path / "stats"), "--only-summary",
         "--loglevel", "WARNING",
     ]
@@ -111,3 +112,13 @@ def test_importing_the_engine_never_imports_locust_or_gevent() -> None:
 
     assert "locust" not in llmchat.core.__all__
     assert not {"locust", "gevent", "llmchat.core.locust_user"} & set(sys.modules)
+
+
+def test_the_locustfile_ships_in_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from llmchat.tui.cli import main
+
+    assert main(["locust", "--path"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.name == "locustfile.py" and path.is_file()
+    assert path.parent == Path(importlib.util.find_spec("llmchat.core").origin).parent  # type: ignore[arg-type, union-attr]
+    assert "class ChatUser(LLMChatUser)" in path.read_text(encoding="utf-8")

@@ -1,8 +1,10 @@
 """The `llmchat` command line: one parser, one module per subcommand under ``commands/``.
 
 Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a
-``run(args) -> int``. Errors a user can cause end as one line on stderr with exit status 2 (usage, config) or
-1 (API, network); never a traceback.
+``run(args) -> int``. Options several commands share (``--config``, ``--base-url``, ``--metrics-port``...) are
+accepted before or after the command (``commands/_options.py``); bare ``llmchat`` is the chat app and takes
+its flags. Errors a user can cause end as one line on stderr with exit status 2 (usage, config) or 1 (API,
+network); never a traceback.
 """
 
 from __future__ import annotations
@@ -13,40 +15,48 @@ from collections.abc import Sequence
 
 from llmchat.core import __version__
 from llmchat.core._errors import LLMChatError
-from llmchat.tui.commands import COMMANDS
+from llmchat.tui.commands import COMMANDS, _options
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole parser; tests build it to check every subcommand is listed."""
+    """The whole parser; tests build it to check every subcommand is listed. Parse with ``parse_args``."""
     parser = argparse.ArgumentParser(
         prog="llmchat",
-        description="Chat with OpenAI-compatible LLM APIs and see where every millisecond of a reply went.",
+        description="Chat with OpenAI-compatible LLM APIs and see where every millisecond of a reply went. "
+        "With no command, the chat app starts; its options below work here too.",
     )
     parser.add_argument("--version", action="version", version=f"llmchat {__version__}")
-    parser.add_argument("--config", metavar="PATH", help="the config file (default: $LLMCHAT_CONFIG or "
-                        "$XDG_CONFIG_HOME/llmchat/config.toml)")
-    parser.add_argument("--continue", dest="continue_last", action="store_true",
-                        help="reopen the last conversation in the chat app")
-    parser.add_argument("--metrics-port", dest="app_metrics_port", type=int, metavar="PORT",
-                        help="the chat app serves Prometheus metrics on 127.0.0.1:PORT")
+    _options.add_top_level(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
+    for name, command in sub.choices.items():
+        if name != "locust":  # every option after `llmchat locust` is Locust's (it has a --config of its own)
+            _options.add(command, "config")
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``argv`` parsed, each shared option filled from wherever it was given. Raises ``UsageError`` for a
+    shared option the command does not take, and ``SystemExit`` (argparse) for the rest."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "_passes_unknown", False):
+        args.passthrough = rest  # `llmchat locust`: Locust's own arguments
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return _options.merge(args, args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmchat` console script; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        from llmchat.tui.commands import chat
-
-        func = chat.run
-        for name in ("provider", "model", "base_url", "app_metrics_port"):
-            setattr(args, name, getattr(args, name, None))
     try:
+        args = parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            from llmchat.tui.commands import chat
+
+            func = chat.run
         return int(func(args))
     except LLMChatError as exc:
         print(f"llmchat: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ from llmchat.core import ChatClient, Settings, attribute, format_shares, load_se
 from llmchat.core._errors import APIError, UsageError
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
+from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
 
@@ -26,9 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Ask once and print the reply as it arrives.")
     p.add_argument("prompt", help="the prompt; - reads it from stdin")
     p.add_argument("--batch", action="store_true", help="ask for one whole reply instead of a stream (cacheable)")
-    p.add_argument("--provider", help="a provider name from the config")
-    p.add_argument("--base-url", help="talk to this OpenAI-compatible API root instead (e.g. http://127.0.0.1:8000/v1)")
-    p.add_argument("--model", help="the model (default: the provider's)")
+    _options.add(p, "endpoint")
     p.add_argument("--system", help="a system prompt")
     p.add_argument("--max-tokens", type=int, help="the longest reply, in tokens")
     p.add_argument("--temperature", type=float, help="sampling temperature (0 makes batch replies cacheable)")
@@ -72,7 +71,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     record: TimingRecord | None = None
     error: APIError | None = None
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2) as client, _observed(client, settings):
+                          http2=http2, api_key_env=args.api_key_env) as client, _observed(client, settings):
         if args.batch:
             try:
                 reply = await client.complete(messages, **params)

@@ -13,6 +13,7 @@ from llmchat.core._errors import UsageError
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._jobs import Job, JobSummary, done_ids, open_output, read_jobs, run_jobs
 from llmchat.core._timing import TimingRecord
+from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
 
@@ -23,9 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "an interrupted run resumes.")
     p.add_argument("input", help="the JSONL file of jobs (- for stdin)")
     p.add_argument("-o", "--output", required=True, help="the JSONL file results are appended to")
-    p.add_argument("--provider", help="a provider name from the config")
-    p.add_argument("--base-url", help="an OpenAI-compatible API root to use instead")
-    p.add_argument("--model", help="the model for jobs that name none")
+    _options.add(p, "endpoint", help={"--model": "the model for jobs that name none"})
     p.add_argument("--concurrency", type=int, help="requests in flight at once (batch.concurrency)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -70,7 +69,7 @@ async def _run(args: argparse.Namespace, settings, todo: list[Job], out_path: Pa
                base_url: str | None, http2: object, summary: JobSummary) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2) as client:  # type: ignore[arg-type]
+                          http2=http2, api_key_env=args.api_key_env) as client:  # type: ignore[arg-type]
         observers = attach_observers(client.bus, settings)
         with open_output(out_path) as out:
             try:

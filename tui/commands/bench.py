@@ -31,6 +31,7 @@ from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import percentile
 from llmchat.tui.commands import _bench_report as report
+from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
 _EPILOG = "configurations for --compare (join with + to combine, e.g. h1+noretry):\n" + "\n".join(
@@ -78,12 +79,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
     a("--max-connections", type=int, metavar="N",
       help="pool size of every configuration (default: http.max_connections); nopool has no limit")
-    a("--provider", help="a provider name from the config")
-    a("--base-url", help="an OpenAI-compatible API root instead (e.g. http://127.0.0.1:8000/v1)")
-    a("--model", help="the model (default: the provider's, else the first the server lists)")
     a("--quiet", action="store_true", help="no progress line")
-    a("--metrics-port", type=int, metavar="PORT", help="serve the run's Prometheus metrics at "
-      "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)")
+    _options.add(p, "endpoint", "metrics", help={"--metrics-port": "serve the run's Prometheus metrics at "
+                 "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)"})
     p.set_defaults(func=run)
 
 
@@ -136,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         url, http2, model = stack.enter_context(
             offline_default(settings, args.provider, args.base_url, quiet=args.quiet))
         target = Target(settings=settings, provider=args.provider, base_url=url, http2=http2,
-                        model=args.model or model, max_connections=args.max_connections, bus=bus)
+                        model=args.model or model, max_connections=args.max_connections, bus=bus,
+                        api_key_env=args.api_key_env)
         load = LoadRun(scenario, configs, target, on_sample=progress.sample, on_slice=progress.slice)
         try:
             asyncio.run(_drive(load, progress))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from llmchat.core import CacheSettings, load_settings
 from llmchat.core._cache import ReplyCache
-from llmchat.core._settings import CacheSettings, Settings
+from llmchat.tui.commands import _options
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,20 +16,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="The disk cache of batch-mode replies and embeddings (see [cache] in config.toml).",
     )
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    actions.add_parser("stats", help="entries, size on disk against the limit, policy and TTL")
-    actions.add_parser("clear", help="remove every entry and print how many")
-    actions.add_parser("path", help="print the cache folder")
+    for name, text in (("stats", "entries, size on disk against the limit, policy and TTL"),
+                       ("clear", "remove every entry and print how many"),
+                       ("path", "print the cache folder")):
+        _options.add(actions.add_parser(name, help=text), "config")
     p.set_defaults(func=run)
 
 
 def _load_cache_settings(config: str | None) -> CacheSettings:
-    try:
-        from llmchat.core._config import load_settings  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        # The config loader lands separately; until then the defaults (and $XDG_CACHE_HOME) apply.
-        return Settings().cache
-    settings: Settings = load_settings(config)
-    return settings.cache
+    return load_settings(config).cache
 
 
 def _human_bytes(n: int) -> str:

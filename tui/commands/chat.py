@@ -10,17 +10,14 @@ import argparse
 
 from llmchat.core import ChatClient, load_settings
 from llmchat.core._history import HistoryStore
+from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("chat", help="the interactive chat (the default when no command is given)",
                        description="The interactive chat. `llmchat --continue` reopens the last conversation.")
-    p.add_argument("--provider", help="a provider name from the config")
-    p.add_argument("--model", help="the model (default: the provider's)")
-    p.add_argument("--base-url", help="an OpenAI-compatible API root to use instead of a configured provider")
-    p.add_argument("--metrics-port", dest="app_metrics_port", type=int, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT (0 takes a free port)")
+    _options.add(p, "endpoint", "metrics", "continue")
     p.set_defaults(func=run)
 
 
@@ -28,16 +25,15 @@ def run(args: argparse.Namespace) -> int:
     from llmchat.tui.app import Offline, make_app
 
     settings = load_settings(args.config)
-    if getattr(args, "app_metrics_port", None) is not None:
+    if args.metrics_port is not None:
         from llmchat.core._prometheus import load_prometheus_client
 
         load_prometheus_client()  # a missing extra is one line now, not a crash inside the running app
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
         offline = Offline(base_url) if base_url and not args.base_url else None
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
-                            model=args.model or model, http2=http2)
-        app = make_app(settings=settings, client=client, store=HistoryStore(),
-                       continue_last=bool(getattr(args, "continue_last", False)), offline=offline,
-                       metrics_port=getattr(args, "app_metrics_port", None))
+                            model=args.model or model, http2=http2, api_key_env=args.api_key_env)
+        app = make_app(settings=settings, client=client, store=HistoryStore(), continue_last=args.continue_last,
+                       offline=offline, metrics_port=args.metrics_port, freeze_gc=True)
         app.run()
     return 0

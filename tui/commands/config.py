@@ -14,6 +14,7 @@ from llmchat.core._config import (
     settings_to_toml,
 )
 from llmchat.core._errors import UsageError
+from llmchat.tui.commands import _options
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,9 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "show: print the effective settings as TOML, secrets masked.",
     )
     actions = p.add_subparsers(dest="config_action", metavar="ACTION")
-    actions.add_parser("path", help="print the config file in use and whether it exists")
-    actions.add_parser("check", help="load the config file and report the first problem, if any")
-    actions.add_parser("show", help="print the effective settings (file, environment, defaults) as TOML")
+    for name, text in (("path", "print the config file in use and whether it exists"),
+                       ("check", "load the config file and report the first problem, if any"),
+                       ("show", "print the effective settings (file, environment, defaults) as TOML")):
+        # `llmchat config check --config F` as well as `llmchat config --config F check`.
+        _options.add(actions.add_parser(name, help=text), "config")
     p.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ from llmchat.core import ServerSettings, load_settings
 from llmchat.core._prometheus import MetricsServer
 from llmchat.core.server import PROFILE_SUMMARIES, resolve_settings, serve
 from llmchat.core.server._metrics import ServerMetrics
+from llmchat.tui.commands import _options
 
 # flag dest -> ServerSettings field, for the flags whose names differ
 _FIELD = {"model": "models"}
@@ -97,13 +98,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="emulate a network round trip: delay bytes by half of this each way, so new connections and "
         "TLS handshakes cost what they do across regions (a proxy in front of the server; see llmchat proxy)",
     )
-    a(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="serve Prometheus metrics (requests by route and status, in flight, tokens sent) at "
-        "http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the metrics extra)",
-    )
+    _options.add(p, "metrics", help={"--metrics-port": "serve Prometheus metrics (requests by route and "
+                 "status, in flight, tokens sent) at http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the "
+                 "metrics extra)"})
     a(
         "--close-after-stream",
         action="store_true",
