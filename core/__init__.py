@@ -23,6 +23,7 @@ from llmchat.core._config import (
     default_config_path,
     load_settings,
     mask_secret,
+    mask_url,
     resolve_provider,
 )
 from llmchat.core._errors import (
@@ -118,6 +119,7 @@ __all__ = [
     "format_shares",
     "load_settings",
     "mask_secret",
+    "mask_url",
     "parse_server_metrics",
     "part_samples",
     "percentile",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmchat.core._config_secrets import is_secret_header, mask_secret
+from llmchat.core._config_secrets import is_secret_header, mask_secret, mask_url
 from llmchat.core._config_toml import settings_to_toml
 from llmchat.core._config_validate import (
     EnvSource,
@@ -43,6 +43,7 @@ __all__ = [
     "default_config_path",
     "load_settings",
     "mask_secret",
+    "mask_url",
     "resolve_provider",
     "settings_to_toml",
 ]
@@ -283,7 +284,7 @@ class ResolvedProvider:
         key = None if self.api_key is None else mask_secret(self.api_key)
         headers = {k: mask_secret(v) if is_secret_header(k) else v for k, v in self.headers.items()}
         return (
-            f"ResolvedProvider(name={self.name!r}, base_url={self.base_url!r}, api_key={key!r}, "
+            f"ResolvedProvider(name={self.name!r}, base_url={mask_url(self.base_url)!r}, api_key={key!r}, "
             f"api_key_source={self.api_key_source!r}, model={self.model!r}, headers={headers!r}, "
             f"http={self.http!r})"
         )

@@ -7,6 +7,7 @@ that one of them masks, all of them mask.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # Header names are matched by substring so that "Authorization", "X-Api-Key", "api-key" and
 # "X-Auth-Token" are all caught without a list of every vendor's spelling.
@@ -29,6 +30,29 @@ def mask_secret(value: str) -> str:
         return "***"
     prefix = "sk-" if value.startswith("sk-") else ""
     return f"{prefix}...{value[-4:]}"
+
+
+def mask_url(url: str) -> str:
+    """``url`` fit to show: a password in it (``https://user:SECRET@host/v1``) becomes ``***``, and so does the
+    value of any query parameter whose name looks like a credential (``?key=...``, ``&token=...``). Anything
+    that is not a URL comes back as it is. Never fails."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, _, hostport = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            if any(is_secret_header(name) for name, _ in pairs):
+                query = urlencode([(n, "***" if is_secret_header(n) else v) for n, v in pairs], safe="*")
+        if netloc == parts.netloc and query == parts.query:
+            return url
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return url
 
 
 def is_secret_header(name: str) -> bool:

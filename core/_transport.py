@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmchat.core import _errors as errors
+from llmchat.core._config_secrets import mask_url
 from llmchat.core._settings import HttpSettings
 from llmchat.core._timing import Phases
 
@@ -46,7 +47,8 @@ class Endpoint:
 
     def __repr__(self) -> str:
         key = "None" if self.api_key is None else "'***'"
-        return f"Endpoint(name={self.name!r}, base_url={self.base_url!r}, api_key={key}, http={self.http!r})"
+        return (f"Endpoint(name={self.name!r}, base_url={mask_url(self.base_url)!r}, api_key={key}, "
+                f"http={self.http!r})")
 
     @property
     def hostport(self) -> str:

@@ -902,3 +902,28 @@ def test_the_hint_for_a_missing_key_names_the_config_key_and_the_flag(tmp_path: 
     )
     with_key = resolve_provider(settings, env={"GROQ_KEY": ENV_KEY})
     assert with_key is not None and with_key.api_key_hint == ""
+
+
+def test_a_password_or_a_key_inside_a_url_is_masked_wherever_the_url_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmchat.core import mask_url
+
+    secret = "hunter2-" + "s3cr3t"
+    assert mask_url(f"http://user:{secret}@host:8080/v1") == "http://user:***@host:8080/v1"
+    assert mask_url(f"https://host/v1?api_key={secret}&x=1") == "https://host/v1?api_key=***&x=1"
+    assert mask_url("https://host/v1?x=1") == "https://host/v1?x=1"
+    assert mask_url("not a url") == "not a url"
+    config = providers_file(
+        tmp_path,
+        f"""\
+        [providers.gw]
+        base_url = "http://user:{secret}@127.0.0.1:8080/v1"
+        metrics_url = "http://127.0.0.1:8080/metrics?token={secret}"
+        """,
+    )
+    assert main(["config", "show", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out and 'base_url = "http://user:***@127.0.0.1:8080/v1"' in out
+    resolved = resolve_provider(load_settings(config, env={}), env={})
+    assert resolved is not None and secret not in repr(resolved)

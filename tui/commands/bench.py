@@ -20,9 +20,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
-from llmchat.core import Bus, __version__, load_settings
+from llmchat.core import Bus, __version__, load_settings, mask_url
 from llmchat.core._attribution import Attribution, attribute
 from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
@@ -197,7 +196,7 @@ async def _drive(load: LoadRun, progress: Progress) -> None:
 
 def _title(load: LoadRun, scenario: Scenario) -> str:
     loop = f"{scenario.rate:g} req/s open loop" if scenario.open_loop else f"{scenario.users} users"
-    return f"llmchat bench: {loop}, {scenario.mode}, {load.model} at {_safe_url(load.base_url)}"
+    return f"llmchat bench: {loop}, {scenario.mode}, {load.model} at {mask_url(load.base_url)}"
 
 
 def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
@@ -216,7 +215,7 @@ def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
     long = f", {scenario.long_ratio:.0%} long prompts" if scenario.long_ratio else ""
     line1 = (f"llmchat bench: {loop}, {budget} per configuration, {scenario.mode} mode, "
              f"max_tokens {scenario.max_tokens}{long}{slices}")
-    line2 = f"target: {_safe_url(load.base_url)}  model: {load.model}"
+    line2 = f"target: {mask_url(load.base_url)}  model: {load.model}"
     pools = sorted({n for name, n in load.pool_sizes.items() if "nopool" not in name.split("+")})
     if pools:
         line2 += f"  pool: {'/'.join(map(str, pools))} connections (--max-connections)"
@@ -238,7 +237,7 @@ def bench_json(
         "tool": "llmchat bench",
         "version": __version__,
         "scenario": scenario.to_json(),
-        "target": {"base_url": _safe_url(load.base_url), "model": load.model},
+        "target": {"base_url": mask_url(load.base_url), "model": load.model},
         "configs": [s.to_json() for s in stats],
         "compare": compare_rows(stats),
         "open_loop_cap_hits": load.cap_hits,
@@ -246,16 +245,6 @@ def bench_json(
         "requests": [{**s.to_json(), "attribution": a.to_dict()}
                      for s, a in zip(load.samples, attributions, strict=True)],
     }
-
-
-def _safe_url(url: str) -> str:
-    # A user:password@ in the base URL is a secret like the key.
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _write(path: str, text: str, flag: str) -> None:
