@@ -10,10 +10,13 @@ logs one warning (logger ``llmchat.cache``) and answers as if uncached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import stat
 import sys
@@ -141,6 +144,31 @@ def _strerror(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _is_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return isinstance(exc, sqlite3.Error) and "full" in str(exc)
+
+
+def _count_read_only(db: Path) -> int:
+    """Entries in a cache database, read without writing a byte (a full disk allows no more); 0 if unreadable."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)) as con:
+            return int(con.execute("SELECT COUNT(*) FROM Cache").fetchone()[0])
+    except (sqlite3.Error, OSError, ValueError):
+        return 0
+
+
+def _remove_cache_files(folder: Path) -> None:
+    """Delete what diskcache keeps in ``folder`` (its database and the two-hex-digit folders of value files),
+    and nothing else: cache.path may name a folder that holds other files too."""
+    for entry in folder.iterdir():
+        if entry.name.startswith("cache.db") and entry.is_file():
+            entry.unlink(missing_ok=True)
+        elif entry.is_dir() and len(entry.name) == 2 and all(c in "0123456789abcdef" for c in entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 class _Unavailable(Exception):
@@ -465,15 +493,30 @@ class ReplyCache:
     def _clear_on_thread(self) -> int:
         if not self._path.exists():
             return 0
-        cache = self._open_for_cli()
+        # Opening writes (pragmas, tables) and deleting rows needs room for the journal, and a full disk is
+        # when a clear is needed most: then the cache's own files are removed instead, which needs no room.
+        try:
+            cache = self._open_for_cli()
+        except CacheUnavailableError as exc:
+            if "full" not in str(exc):
+                raise
+            return self._remove_files()
         try:
             return int(cache.clear())
         except (sqlite3.Error, OSError, LockTimeout) as exc:
+            if _is_full(exc):
+                return self._remove_files()
             cause = "another process holds it" if is_locked(exc) else _strerror(exc)
             raise CacheUnavailableError(
                 f"cannot clear {self._db_path()} ({cause}); close other llmchat processes and try again, or "
                 f"delete {self._path}"
             ) from None
+
+    def _remove_files(self) -> int:
+        self._close_on_thread()
+        entries = _count_read_only(self._db_path())
+        _remove_cache_files(self._path)
+        return entries
 
     def _open_for_cli(self) -> BoundedCache:
         try:
