@@ -23,6 +23,7 @@ from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarte
 from llmchat.core._cache import ReplyCache, replay_chunks
 from llmchat.core._retry import RetryEvent, call_with_retries
 from llmchat.core._settings import Http2Mode, HttpSettings, RetrySettings, Settings
+from llmchat.core._text import SurrogateJoiner
 from llmchat.core._timing import Phases, TimingRecord
 from llmchat.core._transport import Endpoint, Transport, WireResponse
 from llmchat.core.sse import SSEDecoder
@@ -372,6 +373,7 @@ class ChatClient:
             record.end_ns = time.perf_counter_ns()
             record.decode_ns = record.end_ns - t
             _server_reports(record, resp, reply.timings)
+            record.replaced_chars = reply.replaced
             record.server_timing = reply.server_timing
             record.finish_reason = reply.finish_reason
             _apply_usage(record, reply.usage, fallback_tokens=0)
@@ -570,6 +572,8 @@ class ChatStream:
                 _apply_usage(record, reply.usage, fallback_tokens=record.content_chunks)
                 return
             decoder = SSEDecoder(extra_fields=("error",))
+            # A surrogate pair split across two chunks is joined; lone ones become U+FFFD (see _text).
+            answer_joiner, reasoning_joiner = SurrogateJoiner(), SurrogateJoiner()
             done = False
             chunks = resp.aiter_bytes()
             async for raw in chunks:
@@ -596,11 +600,16 @@ class ChatStream:
                     except wire.StreamError as exc:
                         raise errors.ProtocolError(f"{client.endpoint.hostport}: {exc}; the partial reply is kept") from None
                     record.decode_ns += time.perf_counter_ns() - t
-                    if delta.content:
-                        self._on_content(delta.content, now)
-                        yield delta.content
-                    if delta.reasoning:
-                        self._reasoning.append(delta.reasoning)
+                    content, reasoning = delta.content, delta.reasoning
+                    if delta.suspect or answer_joiner.holding or reasoning_joiner.holding:
+                        content = answer_joiner.feed(content)
+                        reasoning = reasoning_joiner.feed(reasoning)
+                        record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
+                    if content:
+                        self._on_content(content, now)
+                        yield content
+                    if reasoning:
+                        self._reasoning.append(reasoning)
                     if delta.finish_reason:
                         self.finish_reason = record.finish_reason = delta.finish_reason
                     if delta.usage is not None:
@@ -612,6 +621,13 @@ class ChatStream:
                         record.server_reported = delta.timings
                 if done:
                     break
+            tail, reasoning_tail = answer_joiner.flush(), reasoning_joiner.flush()
+            if reasoning_tail:
+                self._reasoning.append(reasoning_tail)
+            if tail:
+                self._on_content(tail, time.perf_counter_ns())
+                yield tail
+            record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
             record.end_ns = time.perf_counter_ns()
             if not done and self.finish_reason is None:
                 raise errors.StreamCutError(

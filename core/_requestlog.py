@@ -154,7 +154,12 @@ class RequestLog:
                 elif isinstance(item, bytes):
                     batch.append(item)
                 else:
-                    batch.append(_line(*item, detector=self._detector))  # type: ignore[misc]
+                    try:
+                        batch.append(_line(*item, detector=self._detector))  # type: ignore[misc]
+                    except Exception as exc:  # noqa: BLE001 - one odd record must never end the writer
+                        self.dropped += 1
+                        self._warn_once(f"a record could not be written ({exc.__class__.__name__}: {exc}); it is "
+                                        "skipped")
             self._write(batch)
             for marker in markers:
                 marker.set()
@@ -171,10 +176,12 @@ class RequestLog:
                 self.written += len(batch)
         except OSError as exc:
             self.dropped += len(batch)
-            if not self._warned:
-                self._warned = True
-                log.warning("request log %s: cannot write (%s); lines are dropped", self.path,
-                            exc.strerror or exc)
+            self._warn_once(f"cannot write ({exc.strerror or exc}); lines are dropped")
+
+    def _warn_once(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("request log %s: %s", self.path, what)
 
     def close(self, timeout: float = _CLOSE_S) -> None:
         """Unsubscribe, write what is queued (waiting at most ``timeout`` s) and close the file. Safe twice.
@@ -238,7 +245,9 @@ def _line(
     except (TypeError, ValueError):  # a message part JSON cannot hold: keep the figures
         entry.pop("messages", None)
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str)
-    return (line + "\n").encode("utf-8")
+    # "replace": text that is not valid Unicode (a lone surrogate) is cleaned where it enters, and this is the
+    # last line of defence, never the reason a line is lost.
+    return (line + "\n").encode("utf-8", "replace")
 
 
 def _message(message: Mapping[str, Any]) -> dict[str, Any]:

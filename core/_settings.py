@@ -182,6 +182,9 @@ class ServerSettings:
     """Serve TLS with a self-signed certificate for 127.0.0.1 and localhost when no certfile is given."""
     close_after_stream: bool = False
     """Emulate llama.cpp: after a stream, the next request on that HTTP/1.1 keep-alive connection is cut unanswered."""
+    split_surrogates: bool = False
+    """Stream each emoji as a JSON surrogate-pair escape split across two chunks (\\ud83d in one, \\ude80 in the
+    next), each chunk valid JSON on its own, as some servers do; clients must join the pair."""
     rtt_ms: float = 0.0
     """Delay bytes in each direction by half of this, so new connections and TLS handshakes cost what they
     cost across regions."""

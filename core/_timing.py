@@ -119,6 +119,8 @@ class TimingRecord:
     # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
     server_reported: dict[str, float] | None = None
     server_processing_ms: float | None = None
+    # Characters of the reply that were not valid Unicode (a lone surrogate from a server), shown as U+FFFD.
+    replaced_chars: int = 0
 
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property
@@ -227,6 +229,7 @@ class TimingRecord:
             "cache_hit": self.cache_hit,
             "cancelled": self.cancelled,
             "finish_reason": self.finish_reason,
+            "replaced_chars": self.replaced_chars,
             "error": self.error,
             "error_kind": self.error_kind,
             "started_at": self.wall_start,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmchat.core import _errors as errors
+from llmchat.core._text import clean, may_need_cleaning
 
 try:
     import orjson as _orjson
@@ -30,12 +31,20 @@ def loads(data: str | bytes) -> Any:
     What orjson refuses and the stdlib accepts (NaN and Infinity, lone surrogate escapes) is handed to the
     stdlib, so no reply fails on the fast path that the stdlib would decode. One difference remains: orjson
     reads an integer past 64 bits as a float (no chat field holds one). Raises ValueError for invalid JSON."""
+    return _loads(data)[0]
+
+
+def _loads(data: str | bytes) -> tuple[Any, bool]:
+    """``loads``, and whether its strings may hold lone surrogates (only the stdlib lets them through).
+    Bytes that are not UTF-8 become U+FFFD rather than making the whole document invalid."""
     if _orjson is not None:
         try:
-            return _orjson.loads(data)
+            return _orjson.loads(data), False
         except _orjson.JSONDecodeError:
             pass
-    return json.loads(data)
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
+    return json.loads(data), True
 
 
 def chat_body(model: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], *, stream: bool) -> bytes:
@@ -58,6 +67,9 @@ class Delta:
     usage: dict[str, Any] | None = None
     server_timing: dict[str, int] | None = None
     timings: dict[str, float] | None = None  # llama.cpp's self-report on the final chunk
+    suspect: bool = False
+    """content or reasoning may hold lone surrogates (a pair split across chunks): feed them through a
+    ``_text.SurrogateJoiner`` before keeping them."""
 
 
 class StreamError(Exception):
@@ -67,7 +79,7 @@ class StreamError(Exception):
 def parse_chunk(data: str) -> Delta:
     """Decode one SSE ``data`` payload (not ``[DONE]``). Raises ``StreamError`` for errors and non-JSON."""
     try:
-        obj = loads(data)
+        obj, suspect = _loads(data)
     except ValueError:
         raise StreamError(f"the server sent a stream chunk that is not JSON: {_snippet(data)}") from None
     if not isinstance(obj, dict):
@@ -86,6 +98,7 @@ def parse_chunk(data: str) -> Delta:
             r = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(r, str):
                 d.reasoning = r
+            d.suspect = suspect and (may_need_cleaning(d.content) or may_need_cleaning(d.reasoning))
         d.finish_reason = choice.get("finish_reason")
     usage = obj.get("usage")
     if isinstance(usage, dict):
@@ -116,17 +129,24 @@ class Reply:
     model: str | None
     server_timing: dict[str, int] | None
     timings: dict[str, float] | None = None
+    replaced: int = 0
+    """Characters of content and reasoning that were not valid Unicode, now U+FFFD."""
 
 
 def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> Reply:
-    """Decode a ``chat.completion`` object. Raises ``ProtocolError`` for HTML or non-JSON bodies."""
+    """Decode a ``chat.completion`` object. Raises ``ProtocolError`` for HTML or non-JSON bodies. Text that is
+    not valid Unicode (lone surrogates, bytes that are not UTF-8) comes back as U+FFFD, counted in
+    ``replaced``."""
     obj = _json_object(body, status=status, content_type=content_type, where=where)
     choices = obj.get("choices") or [{}]
     msg = (choices[0] or {}).get("message") or {}
     st = obj.get("server_timing")
+    content, bad_content = clean(str(msg.get("content") or ""))
+    reasoning, bad_reasoning = clean(str(msg.get("reasoning_content") or msg.get("reasoning") or ""))
     return Reply(
-        content=msg.get("content") or "",
-        reasoning=msg.get("reasoning_content") or msg.get("reasoning") or "",
+        content=content,
+        reasoning=reasoning,
+        replaced=bad_content + bad_reasoning,
         finish_reason=(choices[0] or {}).get("finish_reason"),
         usage=obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
         model=obj.get("model"),

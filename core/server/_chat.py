@@ -29,7 +29,7 @@ from llmchat.core.server import _wire
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._faults import ColdStarts, FaultDice
 from llmchat.core.server._http import Exchange, HTTPFailure
-from llmchat.core.server._replies import Reply, build_reply, count_prompt_tokens
+from llmchat.core.server._replies import Reply, build_reply, count_prompt_tokens, split_surrogates
 from llmchat.core.server._requests import ChatRequest
 
 MAX_WRITE = 16 * 1024
@@ -111,6 +111,8 @@ class ChatResponder:
         reply = build_reply(
             req.model, req.messages_key, req.last_user_text, seed, limit, req.max_tokens is not None, req.stop
         )
+        if req.stream and self.settings.split_surrogates:
+            reply = split_surrogates(reply)
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
         usage = _wire.usage(count_prompt_tokens(req.messages), len(reply.tokens))
         try:

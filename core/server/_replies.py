@@ -130,6 +130,25 @@ def _apply_stop(tokens: list[str], stop: tuple[str, ...]) -> tuple[list[str], bo
     return kept, True
 
 
+def split_surrogates(reply: Reply) -> Reply:
+    """``reply`` with every token holding a character outside the BMP (emoji) cut in two after the high half
+    of its first such character's surrogate pair, written as ASCII ``\\uXXXX`` escapes: each piece is valid
+    JSON, the pair is split across two stream chunks. The fault ``--split-surrogates`` serves this."""
+    tokens: list[str] = []
+    escaped: list[bytes] = []
+    for token in reply.tokens:
+        at = next((i for i, c in enumerate(token) if ord(c) > 0xFFFF), -1)
+        if at < 0:
+            tokens.append(token)
+            escaped.append(_escape(token))
+            continue
+        pair = json.dumps(token[at])[1:-1]  # "\ud83d\ude80"
+        high, low = pair[:6], pair[6:]
+        tokens += [token[: at + 1], token[at + 1 :]]  # what the two chunks say, once joined
+        escaped += [_escape(token[:at]) + high.encode(), low.encode() + _escape(token[at + 1 :])]
+    return Reply(tuple(tokens), tuple(escaped), reply.finish_reason)
+
+
 @lru_cache(maxsize=8192)
 def _escape(token: str) -> bytes:
     return json.dumps(token, ensure_ascii=False)[1:-1].encode()

@@ -107,6 +107,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="emulate llama.cpp: after a stream, hang up on the next request of that HTTP/1.1 connection",
     )
+    a(
+        "--split-surrogates",
+        action="store_true",
+        default=None,
+        help="stream each emoji as a surrogate-pair escape split across two chunks (each valid JSON alone)",
+    )
     p.set_defaults(func=run)
 
 
@@ -146,6 +152,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "certfile",
         "keyfile",
         "close_after_stream",
+        "split_surrogates",
         "rtt_ms",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
