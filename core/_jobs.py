@@ -9,6 +9,8 @@ it stopped. A failed line is written with its error and never stops the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -66,9 +68,12 @@ def read_jobs(lines: Iterable[str], *, source: str = "input") -> tuple[list[Job]
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             bad.append(f"{source}:{lineno}: not JSON ({exc.msg}); skipped")
+            continue
+        except ValueError as exc:  # NaN or Infinity: Python reads them, JSON has no such number
+            bad.append(f"{source}:{lineno}: {exc}; skipped")
             continue
         if not isinstance(obj, dict):
             bad.append(f"{source}:{lineno}: not a JSON object; skipped")
@@ -92,10 +97,41 @@ def read_jobs(lines: Iterable[str], *, source: str = "input") -> tuple[list[Job]
     return jobs, bad
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def split_lines(text: str) -> list[str]:
+    """JSONL lines: split at LF only. ``str.splitlines`` also splits at U+2028, U+2029 and U+0085, which a
+    reply can hold raw inside a JSON string (json.dumps with ensure_ascii=False writes them as they are)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """What an output file already holds: the ids answered, and those whose line is an error."""
+
+    ok: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
+
+    @property
+    def ids(self) -> frozenset[str]:
+        return self.ok | self.failed
+
+
 def done_ids(out_path: Path) -> set[str]:
-    """Ids already written to ``out_path``. A last line cut short by a crash is removed so it reruns."""
+    """Ids already written to ``out_path`` (answered or failed). See ``read_done``."""
+    return set(read_done(out_path).ids)
+
+
+def read_done(out_path: Path) -> Done:
+    """What ``out_path`` holds. A last line cut short by a crash is removed so it reruns; an id's last line
+    decides (a failed line followed by an answer is answered)."""
     if not out_path.exists():
-        return set()
+        return Done()
     data = out_path.read_bytes()
     if data and not data.endswith(b"\n"):
         # A crash (not Ctrl-C, which finishes lines) can leave a partial line: drop it so the file stays JSONL.
@@ -103,15 +139,38 @@ def done_ids(out_path: Path) -> set[str]:
         with out_path.open("r+b") as f:
             f.truncate(cut)
         data = data[:cut]
-    ids: set[str] = set()
-    for line in data.decode("utf-8", "replace").splitlines():
+    state: dict[str, bool] = {}
+    for line in split_lines(data.decode("utf-8", "replace")):
         try:
             obj = json.loads(line)
         except ValueError:
             continue
         if isinstance(obj, dict) and "id" in obj:
-            ids.add(str(obj["id"]))
-    return ids
+            state[str(obj["id"])] = obj.get("error") is None
+    return Done(frozenset(i for i, ok in state.items() if ok), frozenset(i for i, ok in state.items() if not ok))
+
+
+def drop_failed(out_path: Path, failed: frozenset[str]) -> None:
+    """Rewrite ``out_path`` without the lines of ``failed`` ids (before they run again, so each id keeps one
+    line). Atomic: a crash leaves the old file or the new one, never half of either."""
+    if not failed:
+        return
+    data = out_path.read_bytes().decode("utf-8", "replace")
+    kept = []
+    for line in split_lines(data):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if not (isinstance(obj, dict) and str(obj.get("id")) in failed and obj.get("error") is not None):
+            kept.append(line + "\n")
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out_path)
 
 
 async def run_jobs(
@@ -172,7 +231,57 @@ async def run_jobs(
     return summary
 
 
+def check_output(path: Path) -> None:
+    """UsageError with one line when ``path`` cannot be a results file: a folder, or in a missing folder."""
+    if path.is_dir():
+        raise UsageError(f"-o {path} is a folder; name a file inside it, for example {path / 'out.jsonl'}")
+    if not path.parent.is_dir():
+        raise UsageError(f"-o {path}: the folder {path.parent} does not exist; create it or pick another path")
+
+
 def open_output(path: Path) -> TextIO:
-    """Open the results file for appending (created 0600: replies can be private)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    """Open the results file for appending (created 0600: replies can be private). Raises UsageError with one
+    line for a path that cannot be written (a folder, a missing folder, no permission): call it before the
+    first request, so a bad -o costs nothing."""
+    check_output(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot write -o {path} ({exc.strerror}); pick a writable path") from None
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+class OutputLock:
+    """Holds ``OUT.lock`` beside the results file (an exclusive ``flock``), so two runs never write one file
+    and run every job twice. The kernel drops the lock when the process ends, however it ends; the file
+    itself is removed on a clean exit. Raises UsageError naming the other run's pid when it is held."""
+
+    def __init__(self, out_path: Path) -> None:
+        self.path = out_path.with_name(out_path.name + ".lock")
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise UsageError(f"cannot create the lock file {self.path} ({exc.strerror}); pick a writable -o") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise UsageError(
+                f"another llmchat batch (pid {other}) is writing {self.path.with_suffix('').name}; wait for it to "
+                "finish, or pick another -o"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(self._fd)
+            self._fd = None

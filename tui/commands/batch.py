@@ -7,11 +7,23 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
-from llmchat.core import ChatClient, load_settings
+from llmchat.core import ChatClient, Http2Mode, Settings, _text, load_settings
 from llmchat.core._errors import UsageError
+from llmchat.core._jobs import (
+    Job,
+    JobSummary,
+    OutputLock,
+    check_output,
+    drop_failed,
+    open_output,
+    read_done,
+    read_jobs,
+    run_jobs,
+    split_lines,
+)
 from llmchat.core._requestlog import attach_observers
-from llmchat.core._jobs import Job, JobSummary, done_ids, open_output, read_jobs, run_jobs
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
@@ -25,7 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("input", help="the JSONL file of jobs (- for stdin)")
     p.add_argument("-o", "--output", required=True, help="the JSONL file results are appended to")
     _options.add(p, "endpoint", help={"--model": "the model for jobs that name none"})
-    p.add_argument("--concurrency", type=int, help="requests in flight at once (batch.concurrency)")
+    p.add_argument("--concurrency", type=_options.number(1, integer=True),
+                   help="requests in flight at once (batch.concurrency)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the jobs whose line in OUT is an error (their old lines are replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -34,29 +49,38 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"batch.concurrency": args.concurrency} if args.concurrency else None
     settings = load_settings(args.config, overrides=overrides)
     source = "stdin" if args.input == "-" else args.input
-    try:
-        text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {source} ({getattr(exc, 'strerror', None) or exc}); check the path") from None
-    jobs, bad = read_jobs(text.splitlines(), source=Path(source).name)
+    text = _read_input(args.input)
+    jobs, bad = read_jobs(split_lines(text), source=Path(source).name)
     for line in bad:
         print(f"llmchat: {line}", file=sys.stderr)
     out_path = Path(args.output)
-    already = done_ids(out_path)
-    todo = [j for j in jobs if j.id not in already]
-    summary = JobSummary()
-    interrupted = False
-    with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (base_url, http2, model):
-        args.model = args.model or model
-        try:
-            asyncio.run(_run(args, settings, todo, out_path, base_url, http2, summary))
-        except KeyboardInterrupt:
-            # asyncio.run cancelled the run: the jobs in flight were cancelled and wrote nothing.
-            interrupted = True
+    # Everything that can be wrong with -o is said before the first request goes out.
+    check_output(out_path)
+    with OutputLock(out_path):
+        done = read_done(out_path)
+        if args.retry_failed:
+            drop_failed(out_path, done.failed)
+        todo = [j for j in jobs if j.id not in done.ok and (args.retry_failed or j.id not in done.failed)]
+        out = open_output(out_path)
+        summary = JobSummary()
+        interrupted = False
+        with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (base_url, http2, model):
+            args.model = args.model or model
+            try:
+                asyncio.run(_run(args, settings, todo, out, base_url, http2, summary))
+            except KeyboardInterrupt:
+                # asyncio.run cancelled the run: the jobs in flight were cancelled and wrote nothing.
+                interrupted = True
+            finally:
+                out.close()
     summary.total = len(todo)
     summary.skipped = len(jobs) - len(todo)
     summary.bad_lines = bad
     print(summary_table(summary), file=sys.stderr)
+    earlier = len(done.failed & {j.id for j in jobs})
+    if earlier and not args.retry_failed:
+        print(f"llmchat: {earlier} job{'s' if earlier != 1 else ''} failed in an earlier run and "
+              f"{'were' if earlier != 1 else 'was'} skipped; add --retry-failed to run them again", file=sys.stderr)
     if interrupted:
         written = summary.ok + summary.failed
         print(f"llmchat: interrupted after {written} of {len(todo)} jobs; results so far are in {out_path}: "
@@ -65,18 +89,38 @@ def run(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
-async def _run(args: argparse.Namespace, settings, todo: list[Job], out_path: Path,  # type: ignore[no-untyped-def]
-               base_url: str | None, http2: object, summary: JobSummary) -> JobSummary:
+def _read_input(name: str) -> str:
+    """The input as text: one line naming the problem for a path that cannot be read; bytes that are not
+    UTF-8 become U+FFFD, said once."""
+    source = "stdin" if name == "-" else name
+    if name != "-" and Path(name).is_dir():
+        raise UsageError(f"{name} is a folder; name the JSONL file of jobs")
+    try:
+        if name != "-":
+            data = Path(name).read_bytes()
+        else:
+            stdin = sys.stdin
+            data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {source} ({exc.strerror}); check the path") from None
+    text, replaced = _text.decode(data)
+    if replaced:
+        print(f"llmchat: {source} had {replaced} byte{'s' if replaced != 1 else ''} that are not UTF-8; read as "
+              "U+FFFD", file=sys.stderr)
+    return text
+
+
+async def _run(args: argparse.Namespace, settings: Settings, todo: list[Job], out: TextIO,
+               base_url: str | None, http2: Http2Mode | None, summary: JobSummary) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2, api_key_env=args.api_key_env) as client:  # type: ignore[arg-type]
+                          http2=http2, api_key_env=args.api_key_env) as client:
         observers = attach_observers(client.bus, settings)
-        with open_output(out_path) as out:
-            try:
-                return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)
-            finally:
-                progress.close()
-                await observers.aclose()
+        try:
+            return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)
+        finally:
+            progress.close()
+            await observers.aclose()
 
 
 class Progress:
