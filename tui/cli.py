@@ -10,6 +10,7 @@ network); never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from llmchat.tui.commands import COMMANDS, _options
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole parser; tests build it to check every subcommand is listed. Parse with ``parse_args``."""
-    parser = argparse.ArgumentParser(
+    parser = _options.Parser(
         prog="llmchat",
         description="Chat with OpenAI-compatible LLM APIs and see where every millisecond of a reply went. "
         "With no command, the chat app starts; its options below work here too.",
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
+    parser.commands = dict(sub.choices)
     for name, command in sub.choices.items():
         if name != "locust":  # every option after `llmchat locust` is Locust's (it has a --config of its own)
             _options.add(command, "config")
@@ -44,12 +46,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if getattr(args, "_passes_unknown", False):
         args.passthrough = rest  # `llmchat locust`: Locust's own arguments
     elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        parser.commands.get(args.command or "", parser).error(f"unrecognized arguments: {' '.join(rest)}")
     return _options.merge(args, args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmchat` console script; returns the exit status."""
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal whose encoding cannot show a character gets "?" rather than a traceback.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="replace")
     try:
         args = parse_args(argv)
         func = getattr(args, "func", None)
@@ -63,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`llmchat ask ... | head -c 5`): stop quietly, as shell tools do (128 + SIGPIPE).
+        # stdout now points nowhere, so the interpreter's last flush cannot fail again on the way out.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

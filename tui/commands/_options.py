@@ -11,11 +11,55 @@ refuses a top-level option the command does not take, in one line.
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from llmchat.core._errors import UsageError
 
 SUPPRESS = argparse.SUPPRESS
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors on one line (what, then where to look), exit status 2."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
+    """The top-level parser's command parsers, by name (so an error can name the command's --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("llmchat").strip()
+        print(f"llmchat: {where + ': ' if where else ''}{message}; see `{self.prog} --help`", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def number(low: float | None = None, high: float | None = None, *, integer: bool = False) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number in [low, high]: `--temperature nan` or `--max-tokens -5` is a
+    usage error where it is typed, never a request the server has to refuse (NaN is not even JSON)."""
+    if low is not None and high is not None:
+        bounds = f" from {low:g} to {high:g}"
+    elif low is not None:
+        bounds = " (at least 1)" if integer and low == 1 else f" of at least {low:g}"
+    else:
+        bounds = ""
+    wanted = f"{'a whole number' if integer else 'a finite number'}{bounds}"
+
+    def parse(text: str) -> float:
+        try:
+            value: float = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
+        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    parse.__name__ = "integer" if integer else "number"  # what argparse names in its own messages
+    return parse
+
+
+PORT = number(0, 65535, integer=True)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +86,7 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--base-url", "base_url", "endpoint", {"metavar": "URL", "help": _ENDPOINT_HELP["--base-url"]}),
     _Option("--model", "model", "endpoint", {"metavar": "MODEL", "help": _ENDPOINT_HELP["--model"]}),
     _Option("--api-key-env", "api_key_env", "endpoint", {"metavar": "VAR", "help": _ENDPOINT_HELP["--api-key-env"]}),
-    _Option("--metrics-port", "metrics_port", "metrics", {"type": int, "metavar": "PORT", "help": "serve "
+    _Option("--metrics-port", "metrics_port", "metrics", {"type": PORT, "metavar": "PORT", "help": "serve "
             "Prometheus metrics on http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the metrics extra)"}),
     _Option("--continue", "continue_last", "continue", {"action": "store_true", "help": "reopen the last "
             "conversation in the chat app"}),
@@ -100,3 +144,4 @@ def merge(args: argparse.Namespace, command: str | None) -> argparse.Namespace:
 def _given(value: object) -> bool:
     # Not `value not in (None, False)`: 0 == False, and `--metrics-port 0` is a port.
     return value is not None and value is not False
+

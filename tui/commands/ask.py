@@ -12,9 +12,18 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TextIO
 
-from llmchat.core import ChatClient, Settings, attribute, format_shares, load_settings
+from llmchat.core import (
+    ChatClient,
+    RequestDone,
+    RetryPlanned,
+    Settings,
+    attribute,
+    format_shares,
+    load_settings,
+)
+from llmchat.core import _text
 from llmchat.core._errors import APIError, UsageError
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
@@ -29,9 +38,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch", action="store_true", help="ask for one whole reply instead of a stream (cacheable)")
     _options.add(p, "endpoint")
     p.add_argument("--system", help="a system prompt")
-    p.add_argument("--max-tokens", type=int, help="the longest reply, in tokens")
-    p.add_argument("--temperature", type=float, help="sampling temperature (0 makes batch replies cacheable)")
-    p.add_argument("--seed", type=int, help="a fixed seed (makes batch replies cacheable)")
+    p.add_argument("--max-tokens", type=_options.number(1, integer=True), help="the longest reply, in tokens")
+    p.add_argument("--temperature", type=_options.number(0, 2),
+                   help="sampling temperature, 0 to 2 (0 makes batch replies cacheable)")
+    p.add_argument("--seed", type=_options.number(integer=True), help="a fixed seed (makes batch replies cacheable)")
     p.add_argument("--http1", action="store_true", help="use HTTP/1.1 only (no HTTP/2)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: the reply, its timing record and where the time went "
@@ -42,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _prompt_text(args.prompt)
     if not prompt.strip():
         raise UsageError("the prompt is empty; pass text, or - with text on stdin")
     settings = load_settings(args.config)
@@ -51,13 +61,28 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_ask(args, settings, prompt, base_url, http2))
 
 
+def _prompt_text(arg: str) -> str:
+    """The prompt as text: bytes that are not UTF-8 (from stdin or argv) become U+FFFD, said once on stderr."""
+    if arg != "-":
+        text, bad = _text.from_os(arg)
+    elif hasattr(sys.stdin, "buffer"):
+        text, bad = _text.decode(sys.stdin.buffer.read())
+    else:  # a text stream put in place of stdin (an embedding program, a test)
+        text, bad = _text.clean(sys.stdin.read())
+    if bad:
+        where = "stdin" if arg == "-" else "the prompt"
+        bytes_are = "1 byte that is" if bad == 1 else f"{bad} bytes that are"
+        print(f"llmchat: {where} had {bytes_are} not UTF-8; sent as U+FFFD", file=sys.stderr)
+    return text
+
+
 async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_url: str | None,
                http2: Any) -> int:
     if args.http1:
         http2 = False
     messages: list[dict[str, str]] = []
     if args.system:
-        messages.append({"role": "system", "content": args.system})
+        messages.append({"role": "system", "content": _text.from_os(args.system)[0]})
     messages.append({"role": "user", "content": prompt})
     params: dict[str, Any] = {}
     if args.max_tokens is not None:
@@ -66,53 +91,88 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         params["temperature"] = args.temperature
     if args.seed is not None:
         params["seed"] = args.seed
-    out = sys.stdout
+    out = _Out(sys.stdout, enabled=not args.json)
     text = ""
     record: TimingRecord | None = None
     error: APIError | None = None
+    cancelled = False
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
                           http2=http2, api_key_env=args.api_key_env) as client, _observed(client, settings):
-        if args.batch:
-            try:
+        client.bus.subscribe(RetryPlanned, _announce_retry)
+        finished: list[TimingRecord] = []  # the record of a request cut before it returned one (Ctrl-C)
+        client.bus.subscribe(RequestDone, lambda done: finished.append(done.record))
+        try:
+            if args.batch:
                 reply = await client.complete(messages, **params)
                 text, record = reply.text, reply.record
-                if not args.json:
-                    out.write(text + "\n")
-            except APIError as exc:
-                error = exc
-        else:
-            stream = client.stream(messages, **params)
-            record = stream.record
-            try:
-                async for piece in stream:
-                    if not args.json:
+                out.write(text + "\n")
+            else:
+                stream = client.stream(messages, **params)
+                record = stream.record
+                try:
+                    async for piece in stream:
                         out.write(piece)
-                        out.flush()
-            except APIError as exc:
-                error = exc
-            text = stream.text
-            if not args.json and text:
-                out.write("\n")
+                finally:
+                    # Closed here, whatever stopped the loop (a closed pipe, Ctrl-C): never left to the GC.
+                    await stream.aclose()
+                    text = stream.text
+        except APIError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            # Ctrl-C: what arrived stays (on stdout already, or in the JSON below), marked cancelled.
+            cancelled = True
+        if text and not args.batch:
+            out.write("\n")  # the streamed text ends its line, whatever ended the stream
     if error is not None and record is None:
         record = getattr(error, "record", None)
+    if record is None and finished:
+        record = finished[-1]
     if args.json:
         obj: dict[str, Any] = {"reply": text}
         if record is not None:
             obj.update(record.summary())
             obj["attribution"] = attribute(record).to_dict()
-        obj["error"] = None if error is None else str(error)
-        out.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    out.flush()
+        obj["error"] = "cancelled (Ctrl-C)" if cancelled else None if error is None else str(error)
+        sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
     if args.stats and record is not None:
         # The split first: scripts read the timing line as the last one.
         split = format_shares(attribute(record))
         if split:
             print(f"llmchat: {split}", file=sys.stderr)
         print(stats_line(record), file=sys.stderr)
+    if record is not None and record.replaced_chars:
+        n = record.replaced_chars
+        print(f"llmchat: the server sent {n} character{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} "
+              "not valid Unicode (a lone surrogate escape); shown as U+FFFD", file=sys.stderr)
+    if cancelled:
+        raise KeyboardInterrupt  # exit status 130, as the shell expects of Ctrl-C
     if error is not None:
         print(f"llmchat: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+ANNOUNCE_WAIT_S = 1.0
+"""A retry wait this long or longer is said on stderr as it starts; shorter ones only show in the record."""
+
+
+def _announce_retry(event: RetryPlanned) -> None:
+    # Before the wait, so a long Retry-After is never a silent minute; a blink of backoff is not worth a line.
+    if event.event.wait_s >= ANNOUNCE_WAIT_S:
+        print(f"llmchat: {event.event.describe()}; Ctrl-C stops", file=sys.stderr, flush=True)
+
+
+class _Out:
+    """The reply on stdout as it arrives (unless --json), flushed per piece so a pipe sees it at once."""
+
+    def __init__(self, stream: TextIO, *, enabled: bool) -> None:
+        self.stream, self.enabled = stream, enabled
+
+    def write(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(text)
+            self.stream.flush()
 
 
 @asynccontextmanager

@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       help="share of prompts over 1,000 tokens (default 0)")
     a("--prompts", type=int, default=0, metavar="N",
       help="draw prompts from N distinct ones, so some repeat (default: a new one per request)")
-    a("--temperature", type=float, help="sent with every request (0 makes batch replies cacheable)")
+    a("--temperature", type=_options.number(0, 2), help="sent with every request, 0 to 2 (0 makes batch replies "
+      "cacheable)")
     a("--seed", type=int, default=0, help="seed of the prompts, the arrivals and the slice order (default 0)")
     a("--compare", metavar="LIST", help="configurations to run side by side, e.g. h2,h1,nopool (see below)")
     a("--slices", type=int, metavar="N",
