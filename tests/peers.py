@@ -46,9 +46,15 @@ class Peer:
     """
 
     def __init__(
-        self, steps: Sequence[Step], *, then: Literal["close", "keep", "hang", "reset"] = "close"
+        self,
+        steps: Sequence[Step],
+        *,
+        then: Literal["close", "keep", "hang", "reset"] = "close",
+        later: Sequence[Step] | None = None,
     ) -> None:
         self.steps = list(steps)
+        self.later = None if later is None else list(later)
+        """The script for every request after the first (a 429, then the answer); None: ``steps`` again."""
         self.then = then
         self.requests = 0
         self.port = 0
@@ -125,7 +131,8 @@ class Peer:
         while True:
             await asyncio.wait_for(_read_request(reader), _IO_TIMEOUT_S)
             self.requests += 1
-            for step in self.steps:
+            script = self.steps if self.requests == 1 or self.later is None else self.later
+            for step in script:
                 if isinstance(step, Pause):
                     await asyncio.sleep(step.seconds)
                 else:
