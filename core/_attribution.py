@@ -35,7 +35,8 @@ The timeline, stream mode (batch mode has one reply span instead of the last two
 Flags: ``cold_start`` (the server reported a model load, or a ``ColdStartDetector`` saw a first token
 far slower than that provider and model's usual, right after idle), ``saturation`` (the server queued the
 request for at least ``SATURATION_MIN_MS`` and at least ``SATURATION_SHARE`` of the client's time to first
-token, or, in batch mode, of its total; or a metrics snapshot shows requests waiting), ``cache_hit``.
+token, or, in batch mode, of its total; or a metrics snapshot shows requests waiting: the one given, else
+the one the record carries, ``TimingRecord.server_metrics``), ``cache_hit``.
 
 Pure: records in, attributions out; no I/O, no clock read.
 """
@@ -244,12 +245,15 @@ def attribute(
 
     ``render_lag_ms``: the TUI's lag from arrival to paint, kept in ``after`` (outside the total).
     ``server_metrics``: a snapshot from ``scrape_server_metrics`` (requests_waiting, requests_running,
-    kv_cache_usage); requests waiting flag saturation. ``detector``: a ``ColdStartDetector`` that is fed this
-    record and may flag ``cold_start`` (call once per record); a model load the server reported flags it with
-    or without one. Never raises for any record, finished or not, whatever the server reported; an unfinished
-    record gives an empty attribution with a note.
+    kv_cache_usage), by default the one ``record.server_metrics`` carries; requests waiting flag saturation.
+    ``detector``: a ``ColdStartDetector`` that is fed this record and may flag ``cold_start`` (call once per
+    record); a model load the server reported flags it with or without one. Never raises for any record,
+    finished or not, whatever the server reported; an unfinished record gives an empty attribution with a
+    note.
     """
     after = [] if render_lag_ms is None else [_part("render_lag", round(render_lag_ms * _NS_PER_MS))]
+    if server_metrics is None:
+        server_metrics = record.server_metrics
     metrics = None if server_metrics is None else {k: float(v) for k, v in server_metrics.items()}
     if record.end_ns is None:
         return Attribution([], 0.0, notes=["the request has not finished"], after=after,

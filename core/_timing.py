@@ -115,6 +115,9 @@ class TimingRecord:
     # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
     server_reported: dict[str, float] | None = None
     server_processing_ms: float | None = None
+    # The provider's /metrics (requests waiting and running, KV cache use), the busiest scrape taken while the
+    # request was in flight (``ServerMetricsPoller``): attribution flags saturation from it.
+    server_metrics: dict[str, float] | None = None
 
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property
