@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from llmchat.core import ChatClient, Settings, attribute, format_shares, load_settings
+from llmchat.core import ChatClient, ServerSignals, Settings, format_shares, load_settings
 from llmchat.core._errors import APIError, UsageError
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
@@ -72,7 +72,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     record: TimingRecord | None = None
     error: APIError | None = None
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2) as client, _observed(client, settings):
+                          http2=http2) as client, _observed(client, settings) as signals:
         if args.batch:
             try:
                 reply = await client.complete(messages, **params)
@@ -94,19 +94,20 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             text = stream.text
             if not args.json and text:
                 out.write("\n")
-    if error is not None and record is None:
-        record = getattr(error, "record", None)
+        if error is not None and record is None:
+            record = getattr(error, "record", None)
+        attribution = None if record is None else await signals.attribute(record)
     if args.json:
         obj: dict[str, Any] = {"reply": text}
-        if record is not None:
+        if record is not None and attribution is not None:
             obj.update(record.summary())
-            obj["attribution"] = attribute(record).to_dict()
+            obj["attribution"] = attribution.to_dict()
         obj["error"] = None if error is None else str(error)
         out.write(json.dumps(obj, ensure_ascii=False) + "\n")
     out.flush()
-    if args.stats and record is not None:
+    if args.stats and record is not None and attribution is not None:
         # The split first: scripts read the timing line as the last one.
-        split = format_shares(attribute(record))
+        split = format_shares(attribution)
         if split:
             print(f"llmchat: {split}", file=sys.stderr)
         print(stats_line(record), file=sys.stderr)
@@ -117,13 +118,17 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
 
 
 @asynccontextmanager
-async def _observed(client: ChatClient, settings: Settings) -> AsyncIterator[None]:
-    """The request log (log.requests_path) for the duration, flushed before the command exits."""
-    observers = attach_observers(client.bus, settings)
+async def _observed(client: ChatClient, settings: Settings) -> AsyncIterator[ServerSignals]:
+    """For the duration: the cold-start baselines of earlier runs (saved back at the end), one snapshot of the
+    provider's metrics_url beside the request, and the request log (log.requests_path), flushed at the end."""
+    signals = await ServerSignals(settings, per_request=True).open()
+    signals.follow(client)
+    observers = attach_observers(client.bus, settings, baselines=signals.baselines)
     try:
-        yield
+        yield signals
     finally:
         await observers.aclose()
+        await signals.aclose()
 
 
 def stats_line(r: TimingRecord) -> str:
