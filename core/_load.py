@@ -25,7 +25,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -281,7 +281,7 @@ class LoadRun:
         self.base_url = ""
         self.pool_sizes: dict[str, int] = {}
         """Each configuration's http.max_connections, as its client was built."""
-        self.server_snapshots: dict[str, list[dict[str, float] | None]] = {c: [] for c in self.configs}
+        self.server_snapshots: dict[str, list[Mapping[str, float] | None]] = {c: [] for c in self.configs}
         """Per configuration, the provider's /metrics scraped while its slices ran (None: a failed scrape)."""
         self.metrics_url = ""
         self.metrics_interval_s = 0.0
@@ -329,7 +329,7 @@ class LoadRun:
         poller.start()
         return poller
 
-    def _snapshot(self, snapshot: dict[str, float] | None) -> None:
+    def _snapshot(self, snapshot: Mapping[str, float] | None) -> None:
         self.server_snapshots[self._running].append(snapshot)
 
     async def _slice(self, client: ChatClient, name: str, slice_no: int) -> None:

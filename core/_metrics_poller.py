@@ -63,7 +63,7 @@ class ServerMetricsPoller:
         interval_s: float = 2.0,
         timeout_s: float = TIMEOUT_S,
         per_request: bool = False,
-        on_snapshot: Callable[[dict[str, float] | None], object] | None = None,
+        on_snapshot: Callable[[Mapping[str, float] | None], object] | None = None,
         http: HttpSettings | None = None,
     ) -> None:
         if not interval_s > 0 or not timeout_s > 0:
@@ -100,7 +100,7 @@ class ServerMetricsPoller:
         client: ChatClient,
         *,
         per_request: bool = False,
-        on_snapshot: Callable[[dict[str, float] | None], object] | None = None,
+        on_snapshot: Callable[[Mapping[str, float] | None], object] | None = None,
     ) -> ServerMetricsPoller | None:
         """A poller of the client's ``providers.NAME.metrics_url`` every ``metrics_interval_s``, verifying an
         https:// URL as the provider's ``http`` settings say, watching the client's bus; None when the

@@ -288,3 +288,40 @@ def test_bench_scrapes_the_metrics_url_into_its_table_its_json_and_each_request(
     carried = [r["attribution"] for r in data["requests"]]
     assert all(a["server_metrics"] is not None for a in carried)
     assert any("saturation" in a["flags"] and a["server_metrics"]["requests_waiting"] >= 1 for a in carried)
+
+
+async def test_a_reported_model_load_reaches_prometheus(server_factory: Factory, tmp_path: Path) -> None:
+    srv = server_factory(cold_start_ms=300, ttft_ms=10)
+    settings = Settings(cache=CacheSettings(path=str(tmp_path / "cache")))
+    client = ChatClient(settings, base_url=srv.base_url, model=MODEL, http2="h2c", use_cache=False)
+    async with client:
+        exported = ClientMetrics()
+        exported.subscribe(client.bus)
+        for _ in range(2):
+            await _drain(client)
+    sample = exported.registry.get_sample_value
+    labels = {"provider": "custom", "model": MODEL, "mode": "stream"}
+    assert sample("llmchat_request_flags_total", {"flag": "cold_start", **labels}) == 1.0
+    part = {"part": "server_model_load", "group": "server", **labels}
+    assert sample("llmchat_request_part_seconds_count", part) == 1.0
+    assert 0.3 <= (sample("llmchat_request_part_seconds_sum", part) or 0.0) <= 0.3 + LATE_MS / 1000
+
+
+def test_bench_shows_the_model_load_as_a_part_of_its_own(
+    server_factory: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = server_factory(cold_start_ms=300, ttft_ms=10)
+    out_json = tmp_path / "bench.json"
+    status = main(["bench", "--base-url", srv.base_url, "--model", MODEL, "--users", "1", "--requests", "3",
+                   "--max-tokens", "2", "--quiet", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert status == 0
+    # A row of the per-part table (p50/p90/p99 over the successful requests: the one that loaded is among
+    # them), and the table's footnote says the server reported it.
+    assert any(line.split()[:1] == ["server_model_load"] for line in out.splitlines())
+    footnote = next(line for line in out.splitlines() if line.startswith("parts: "))
+    assert "server_model_load" in footnote.split("(reported by the server)")[0]
+    first, *rest = json.loads(out_json.read_text())["requests"]
+    parts = {p["key"]: p for p in first["attribution"]["parts"]}
+    assert first["attribution"]["flags"] == ["cold_start"] and 300 <= parts["server_model_load"]["ms"]
+    assert all(r["attribution"]["flags"] == [] for r in rest)
