@@ -67,7 +67,12 @@ class BaselineStore:
         if not self._warned:
             self._warned = True
             reason = exc if isinstance(exc, str) else (getattr(exc, "strerror", None) or exc)
-            log.warning("cold-start baselines %s: %s (%s); going on without them", self.path, what, reason)
+            if what == "ignored it":
+                fix = "it is written anew at exit"
+            else:
+                fix = "check the folder's permissions, or point XDG_STATE_HOME at a writable one"
+            log.warning("cold-start baselines %s: %s (%s), going on without them; %s",
+                        self.path, what, reason, fix)
 
     def load(self) -> list[Baseline]:
         """The baselines in the file; [] when it is missing, and (with one warning) when it is unreadable or
