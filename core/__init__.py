@@ -14,10 +14,20 @@ from llmchat.core._attribution import (
     shares_over,
 )
 from llmchat.core._batcher import MicroBatcher
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._bus import (
+    Bus,
+    Chunk,
+    FirstToken,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    ServerMetricsSampled,
+    WarmupState,
+)
 from llmchat.core._cache import ReplyCache
 from llmchat.core._client import ChatClient, ChatReply, ChatStream
-from llmchat.core._coldstart import ColdStartDetector
+from llmchat.core._coldstart import Baseline, ColdStartDetector
+from llmchat.core._coldstart_store import BaselineStore
 from llmchat.core._config import (
     ResolvedProvider,
     default_config_path,
@@ -44,6 +54,7 @@ from llmchat.core._errors import (
     TLSError,
     UsageError,
 )
+from llmchat.core._metrics_poller import ServerMetricsPoller
 from llmchat.core._retry import RetryEvent
 from llmchat.core._server_metrics import parse_server_metrics, scrape_server_metrics
 from llmchat.core._settings import (
@@ -58,6 +69,7 @@ from llmchat.core._settings import (
     Settings,
     UISettings,
 )
+from llmchat.core._signals import ServerSignals
 from llmchat.core._timing import Phases, TimingRecord, percentile
 from llmchat.core._warmup import Warmer
 from llmchat.core.sse import ServerSentEvent, SSEDecoder
@@ -68,6 +80,8 @@ __all__ = [
     "APIError",
     "Attribution",
     "AuthError",
+    "Baseline",
+    "BaselineStore",
     "BatchSettings",
     "Bus",
     "CacheSettings",
@@ -102,8 +116,11 @@ __all__ = [
     "RetrySettings",
     "SSEDecoder",
     "ServerError",
+    "ServerMetricsPoller",
+    "ServerMetricsSampled",
     "ServerSentEvent",
     "ServerSettings",
+    "ServerSignals",
     "Settings",
     "StreamCutError",
     "TLSError",

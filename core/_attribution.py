@@ -13,8 +13,9 @@ The timeline, stream mode (batch mode has one reply span instead of the last two
 
     t0 ─ encode, retries ─ pool wait ─ connect ─ TLS ─ send ─┬─ to first token ─┬─ streaming ─ end
          client / retry     client     network   network  net│ server queue     │ server generation
-                                                             │ server prefill   │ network (derived)
-                                                             │ network (derived)│ client decode
+                                                             │ server model load│ network (derived)
+                                                             │ server prefill   │ client decode
+                                                             │ network (derived)│
                                                              │ client decode    │
 
 A request that had to look its model up (GET /models, no model named) starts with that lookup: its connect
@@ -26,15 +27,19 @@ and TLS (the connection it opened is the request's) and the rest as ``model look
   its own send time); a note says which. A derived part is never negative: the overlap goes to unexplained.
 - A server that reports nothing gets ``network + server (not reported)`` parts, group ``network+server``:
   without a report the two cannot be told apart, and the attribution says so instead of guessing.
+- ``server model load`` is the wait for the model to load that llmchat serve reports after a cold start
+  (``server_timing.model_load_ns``); it is cut out of the prefill, never counted in it.
 - llama.cpp's ``prompt_ms`` is the prefill and ``predicted_ms`` the generation; OpenAI's
   ``openai-processing-ms`` is the server's share of the time to the response headers, the rest up to the first
   token stays unsplit.
 - A cache hit is all client.
 - Render lag (from the TUI) happens after the bytes arrived, so it is outside the total: it is in ``after``.
 
-Flags: ``cold_start`` (from a ``ColdStartDetector``), ``saturation`` (the server queued the request for at
-least ``SATURATION_MIN_MS`` and at least ``SATURATION_SHARE`` of the client's time to first token, or, in
-batch mode, of its total; or a metrics snapshot shows requests waiting), ``cache_hit``.
+Flags: ``cold_start`` (the server reported a model load, or a ``ColdStartDetector`` saw a first token
+far slower than that provider and model's usual, right after idle), ``saturation`` (the server queued the
+request for at least ``SATURATION_MIN_MS`` and at least ``SATURATION_SHARE`` of the client's time to first
+token, or, in batch mode, of its total; or a metrics snapshot shows requests waiting: the one given, else
+the one the record carries, ``TimingRecord.server_metrics``), ``cache_hit``.
 
 Pure: records in, attributions out; no I/O, no clock read.
 """
@@ -93,6 +98,7 @@ PARTS: dict[str, tuple[str, Group, Source]] = {
     "tls": ("TLS handshake", "network", "measured"),
     "send": ("request transfer", "network", "measured"),
     "server_queue": ("server queue", "server", "reported"),
+    "server_model_load": ("server model load", "server", "reported"),
     "server_prefill": ("server prefill", "server", "reported"),
     "server_generation": ("server generation", "server", "reported"),
     "server_processing": ("server processing", "server", "reported"),
@@ -164,12 +170,16 @@ class Attribution:
 
 def format_shares(attribution: Attribution) -> str:
     """One line of group shares, largest first: ``network 61% · server 30% · client 4% · unexplained 5%``;
-    flags follow in brackets. Empty for a zero total."""
+    flags follow in brackets, a cold start with the model load the server reported
+    (``[cold_start: server model load 1500 ms]``). Empty for a zero total."""
     shares = attribution.shares()
     ordered = sorted(shares.items(), key=lambda kv: -abs(kv[1]))
     text = " · ".join(f"{g} {s * 100:.0f}%" for g, s in ordered)
     if text and attribution.flags:
-        text += " [" + ", ".join(attribution.flags) + "]"
+        load = attribution.part("server_model_load")
+        flags = [f"{f}: {load.name} {load.ms:.0f} ms" if f == "cold_start" and load is not None else f
+                 for f in attribution.flags]
+        text += " [" + ", ".join(flags) + "]"
     return text
 
 
@@ -239,11 +249,15 @@ def attribute(
 
     ``render_lag_ms``: the TUI's lag from arrival to paint, kept in ``after`` (outside the total).
     ``server_metrics``: a snapshot from ``scrape_server_metrics`` (requests_waiting, requests_running,
-    kv_cache_usage); requests waiting flag saturation. ``detector``: a ``ColdStartDetector`` that is fed this
-    record and may flag ``cold_start`` (call once per record). Never raises for any record, finished or not,
-    whatever the server reported; an unfinished record gives an empty attribution with a note.
+    kv_cache_usage), by default the one ``record.server_metrics`` carries; requests waiting flag saturation.
+    ``detector``: a ``ColdStartDetector`` that is fed this record and may flag ``cold_start`` (call once per
+    record); a model load the server reported flags it with or without one. Never raises for any record,
+    finished or not, whatever the server reported; an unfinished record gives an empty attribution with a
+    note.
     """
     after = [] if render_lag_ms is None else [_part("render_lag", round(render_lag_ms * _NS_PER_MS))]
+    if server_metrics is None:
+        server_metrics = record.server_metrics
     metrics = None if server_metrics is None else {k: float(v) for k, v in server_metrics.items()}
     if record.end_ns is None:
         return Attribution([], 0.0, notes=["the request has not finished"], after=after,
@@ -265,7 +279,11 @@ def attribute(
             flags.append("saturation")
     if metrics is not None:
         _read_metrics(metrics, flags, b.notes)
-    if detector is not None and detector.observe(record):
+    spotted = detector is not None and detector.observe(record)  # fed every record, whatever the report
+    if report.load_ns:
+        flags.append("cold_start")
+        b.notes.append(f"cold start: the server reported {report.load_ns / _NS_PER_MS:.0f} ms of model load")
+    elif spotted:
         flags.append("cold_start")
         b.notes.append("likely cold start: the first token took far longer than usual, right after idle")
     if record.error_kind is not None:
@@ -349,9 +367,11 @@ def _to_first_token(
     if report.reporter in (LLMCHAT, LLAMA_CPP) and report.prefill_ns is not None:
         if report.queue_ns is not None:
             b.add("server_queue", report.queue_ns, keep_zero=True)
+        if report.load_ns is not None:
+            b.add("server_model_load", report.load_ns, keep_zero=True)
         b.add("server_prefill", report.prefill_ns, keep_zero=True)
-        b.add_derived("network_first_token", span, decode + (report.queue_ns or 0) + report.prefill_ns,
-                      "to-first-token")
+        claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns
+        b.add_derived("network_first_token", span, claimed, "to-first-token")
     elif report.reporter == OPENAI and report.processing_ns is not None:
         headers = record.phases.headers_ns
         to_headers = _span(send_end, headers, send_end, send_end + span) if headers is not None else span
@@ -381,8 +401,8 @@ def _reply(b: _Builder, report: ServerReport, span: int, decode: int) -> None:
         b.add("server_processing", report.processing_ns, keep_zero=True)
         claimed += report.processing_ns
     elif report.reporter in (LLMCHAT, LLAMA_CPP):
-        for key, ns in (("server_queue", report.queue_ns), ("server_prefill", report.prefill_ns),
-                        ("server_generation", report.generation_ns)):
+        for key, ns in (("server_queue", report.queue_ns), ("server_model_load", report.load_ns),
+                        ("server_prefill", report.prefill_ns), ("server_generation", report.generation_ns)):
             if ns is not None:
                 b.add(key, ns, keep_zero=True)
                 claimed += ns

@@ -60,6 +60,15 @@ class WarmupState:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ServerMetricsSampled:
+    """A scrape of a provider's /metrics (``ServerMetricsPoller``): the normalised gauges, or None and why."""
+
+    provider: str
+    metrics: Mapping[str, float] | None
+    error: str | None = None
+
+
 class Bus:
     """Typed publish/subscribe. ``subscribe(RequestDone, fn)`` returns a function that unsubscribes."""
 

@@ -10,24 +10,50 @@ last request, and flags a request as a likely cold start when both hold:
 - its time to first token is at least ``factor`` times the median of the window, which needs at least
   ``MIN_SAMPLES`` samples.
 
+A request whose server reported loading the model (llmchat serve's ``model_load_ns``) is a cold start
+whatever the window says: the server knows.
+
+A new process starts with no window, so its first request (the one most likely to be cold) could never be
+flagged. ``baselines()`` exports each window with the wall-clock end of its last request, ``seed()`` takes
+them into a new detector (``BaselineStore`` keeps them in a file between processes); a seeded track measures
+its first silence on the records' wall clock (``wall_start``), since perf_counter stamps of another process
+mean nothing here. A baseline also names the server's host:port: a seeded window is dropped when the first
+request here goes elsewhere (``--base-url`` gives every URL the one provider name "custom").
+
 The sample is the server's own time to first token when the server reports one (its queue plus prefill),
 else the client's TTFT (stream mode) or total (batch mode); reported and measured samples are kept apart, so
 one is never compared with the other. A flagged sample stays out of the window, so one cold start does not
 raise the bar for spotting the next. Cache hits, cancelled and failed requests add no sample (a failed one
-still counts as traffic). Pure: time comes from the records' own ``perf_counter_ns`` stamps, no clock is read.
+still counts as traffic). Pure: time comes from the records' own stamps, no clock is read.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmchat.core._server_reports import read_server_report
+from llmchat.core._server_reports import ServerReport, read_server_report
 from llmchat.core._timing import TimingRecord
 
 MIN_SAMPLES = 3
+BASES = ("server", "client")
+"""What a sample is measured from: the server's own report, or the client's clock."""
 _NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """One provider and model's window, to outlive the process: the samples (ms) per basis, oldest first, and
+    when the last request ended (``time.time()`` seconds; None when unknown)."""
+
+    provider: str
+    model: str
+    samples: Mapping[str, tuple[float, ...]]
+    last_end_wall: float | None = None
+    host: str = ""
+    """The server's host:port the samples came from ("" when unknown)."""
 
 
 @dataclass(slots=True)
@@ -35,6 +61,9 @@ class _Track:
     window: int
     samples: dict[str, deque[float]] = field(default_factory=dict)
     last_end_ns: int | None = None
+    last_end_wall: float | None = None
+    """The wall-clock end of the last request; all a seeded track knows until its first request here."""
+    host: str = ""
 
     def series(self, basis: str) -> deque[float]:
         found = self.samples.get(basis)
@@ -43,11 +72,12 @@ class _Track:
         return found
 
 
-def ttft_sample(record: TimingRecord) -> tuple[str, float] | None:
+def ttft_sample(record: TimingRecord, report: ServerReport | None = None) -> tuple[str, float] | None:
     """The sample the detector uses for ``record``: ("server", ms) when the server reported its time to first
     token, else ("client", TTFT ms) in stream mode or ("client", total ms) otherwise; None when there is none.
+    ``report``: ``read_server_report(record)``, when the caller has it already.
     """
-    reported = read_server_report(record).ttft_ns
+    reported = (report or read_server_report(record)).ttft_ns
     if reported is not None:
         return "server", reported / _NS_PER_MS
     measured = record.ttft_ms if record.mode == "stream" else record.total_ms
@@ -85,9 +115,22 @@ class ColdStartDetector:
         track = self._tracks.get(key)
         if track is None:
             track = self._tracks[key] = _Track(self.window)
-        after_idle = track.last_end_ns is None or record.t0_ns - track.last_end_ns >= self.idle_s * 1e9
+        if track.last_end_ns is not None:
+            after_idle = record.t0_ns - track.last_end_ns >= self.idle_s * 1e9
+        else:
+            if track.host and record.host and track.host != record.host:
+                track = self._tracks[key] = _Track(self.window)  # seeded from another server: not ours
+            after_idle = track.last_end_wall is None or record.wall_start - track.last_end_wall >= self.idle_s
+        track.host = record.host or track.host
         track.last_end_ns = max(track.last_end_ns or 0, record.end_ns)
-        sample = None if record.error or record.cancelled else ttft_sample(record)
+        end_wall = record.wall_start + (record.end_ns - record.t0_ns) / 1e9
+        track.last_end_wall = max(track.last_end_wall or 0.0, end_wall)
+        if record.error or record.cancelled:
+            return False
+        report = read_server_report(record)
+        if report.load_ns:
+            return True  # the server says it loaded the model; the sample stays out of the window
+        sample = ttft_sample(record, report)
         if sample is None:
             return False
         basis, value = sample
@@ -109,3 +152,27 @@ class ColdStartDetector:
         for (p, m), track in self._tracks.items():
             if (provider is None or p == provider) and (model is None or m == model):
                 track.last_end_ns = None
+                track.last_end_wall = None
+
+    def baselines(self) -> list[Baseline]:
+        """Every provider and model's window and last end, to seed a detector in another process."""
+        return [
+            Baseline(p, m, {b: tuple(s) for b, s in t.samples.items() if s}, t.last_end_wall, t.host)
+            for (p, m), t in self._tracks.items()
+            if any(t.samples.values()) or t.last_end_wall is not None
+        ]
+
+    def seed(self, baselines: Iterable[Baseline]) -> None:
+        """Take in windows from another process (``baselines()`` there, kept by a ``BaselineStore``). A
+        provider and model this detector has already seen a request of keeps its own; the newest ``window``
+        samples of the others are kept, and an unknown basis or a non-finite or negative sample is skipped."""
+        for baseline in baselines:
+            key = (baseline.provider, baseline.model)
+            if key in self._tracks and self._tracks[key].last_end_ns is not None:
+                continue
+            track = self._tracks[key] = _Track(self.window, last_end_wall=baseline.last_end_wall,
+                                               host=baseline.host)
+            for basis in BASES:
+                values = [v for v in baseline.samples.get(basis, ()) if 0 <= v < float("inf")]
+                if values:
+                    track.series(basis).extend(values[-self.window:])

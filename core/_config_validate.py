@@ -82,6 +82,7 @@ RULES: dict[str, Rule] = {
     "providers.*.metrics_url": Rule(
         "an http:// or https:// URL, or empty", lambda v: v == "" or _is_http_url(v)
     ),
+    "providers.*.metrics_interval_s": _POSITIVE_SECONDS,
     "retry.max_attempts": _POSITIVE_INT,
     "retry.base_delay_s": _NON_NEGATIVE_SECONDS,
     "retry.max_delay_s": _NON_NEGATIVE_SECONDS,

@@ -11,6 +11,10 @@ To let machine noise hit every configuration alike, the run is cut into ``slices
 of every configuration, in an order shuffled per round (seeded). Slice ``s`` sends the same prompts and, in an
 open loop, the same arrival times under every configuration. One slice's requests all finish before the next
 slice starts, so configurations never overlap. The figures are in :mod:`llmchat.core._load_stats`.
+
+When the provider names a ``metrics_url``, a ``ServerMetricsPoller`` scrapes it every ``metrics_interval_s``
+for the whole run (its own connection, never a configuration's pool): each request carries the latest
+snapshot, and ``server_snapshots`` keeps them per configuration (the one whose slice was running).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +33,7 @@ from llmchat.core._bus import Bus
 from llmchat.core._client import ChatClient
 from llmchat.core._errors import APIError, LLMChatError, UsageError
 from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._metrics_poller import ServerMetricsPoller
 from llmchat.core._settings import Http2Mode, Settings
 from llmchat.core._timing import TimingRecord
 from llmchat.core._transport import Transport
@@ -278,6 +283,11 @@ class LoadRun:
         self.base_url = ""
         self.pool_sizes: dict[str, int] = {}
         """Each configuration's http.max_connections, as its client was built."""
+        self.server_snapshots: dict[str, list[Mapping[str, float] | None]] = {c: [] for c in self.configs}
+        """Per configuration, the provider's /metrics scraped while its slices ran (None: a failed scrape)."""
+        self.metrics_url = ""
+        self.metrics_interval_s = 0.0
+        self._running = self.configs[0] if self.configs else ""
 
     def records(self, config: str) -> list[TimingRecord]:
         return [s.record for s in self.samples if s.config == config]
@@ -289,6 +299,7 @@ class LoadRun:
         loop = asyncio.get_running_loop()
         cache_root = await loop.run_in_executor(None, lambda: tempfile.mkdtemp(prefix="llmchat-bench-"))
         clients: dict[str, ChatClient] = {}
+        poller: ServerMetricsPoller | None = None
         try:
             for name in self.configs:
                 clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}")
@@ -296,14 +307,32 @@ class LoadRun:
             first = clients[self.configs[0]]
             self.base_url = first.endpoint.base_url
             self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models")
+            poller = self._poller(first, list(clients.values()))
             for slice_no, name in interleave(self.configs, self.scenario.slices, self.scenario.seed):
+                self._running = name
                 if self.on_slice is not None:
                     self.on_slice(slice_no, name)
                 await self._slice(clients[name], name, slice_no)
         finally:
+            if poller is not None:
+                await poller.aclose()
             for client in clients.values():
                 await client.aclose()
             await loop.run_in_executor(None, lambda: shutil.rmtree(cache_root, ignore_errors=True))
+
+    def _poller(self, first: ChatClient, clients: list[ChatClient]) -> ServerMetricsPoller | None:
+        """The provider's metrics poller, watching every configuration's bus, started; None without a URL."""
+        poller = ServerMetricsPoller.for_client(first, on_snapshot=self._snapshot)
+        if poller is None:
+            return None
+        for client in clients:
+            poller.watch(client.bus)
+        self.metrics_url, self.metrics_interval_s = poller.url, poller.interval_s
+        poller.start()
+        return poller
+
+    def _snapshot(self, snapshot: Mapping[str, float] | None) -> None:
+        self.server_snapshots[self._running].append(snapshot)
 
     async def _slice(self, client: ChatClient, name: str, slice_no: int) -> None:
         n, seconds = self.scenario.slice_budget(slice_no)

@@ -20,6 +20,8 @@ What goes where:
   splits the requests of the latency windows (same rule: no errors, cancels or cache hits). The slowest
   frame painted since that request's turn began is its render lag, in ``last_attribution.after``, outside
   its total.
+- ``server_state(provider)``: the provider's own /metrics as last scraped (``ServerMetricsSampled`` from a
+  ``ServerMetricsPoller``): requests waiting and running, KV cache use, or why the scrape failed.
 
 Nothing happens per chunk by default: the stall check reads the last-token stamp of the requests in flight,
 and chunks are counted from each finished record. ``subscribe(bus, chunks=True)`` counts them live instead,
@@ -35,7 +37,16 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from llmchat.core._attribution import GROUPS, RENDER_LAG, Attribution, attribute
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._bus import (
+    Bus,
+    Chunk,
+    FirstToken,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    ServerMetricsSampled,
+    WarmupState,
+)
 from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._timing import TimingRecord
 
@@ -73,6 +84,17 @@ class ConnectionState:
     state: str = "cold"
     rtt_ms: float | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """A provider's /metrics as last scraped: the gauges (``parse_server_metrics``'s keys), or None and the
+    error when the last scrape failed (``last_good`` keeps the gauges from before)."""
+
+    provider: str
+    metrics: Mapping[str, float] | None
+    error: str | None = None
+    last_good: Mapping[str, float] | None = None
 
 
 def prices_from_settings(table: Mapping[str, Mapping[str, float]]) -> dict[str, Price]:
@@ -152,6 +174,7 @@ class Metrics:
         self.cost_last: float | None = None
         self.cost_unknown = 0
         self.connection = ConnectionState()
+        self._server: dict[str, ServerState] = {}
 
         # What changed, for readers that repaint only their part: requests (start, retry, first token, done),
         # done (windows, last record, cost), connection, render lag.
@@ -159,12 +182,13 @@ class Metrics:
         self.done_version = 0
         self.connection_version = 0
         self.render_version = 0
+        self.server_version = 0
 
     # -- reading -------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
         """Grows with every observation but chunks: a reader that saw this value has seen everything."""
-        return self.requests_version + self.connection_version + self.render_version
+        return self.requests_version + self.connection_version + self.render_version + self.server_version
 
     @property
     def in_flight(self) -> int:
@@ -228,6 +252,13 @@ class Metrics:
         """How many attributions ``attribution_shares`` covers."""
         return len(self._attributions)
 
+    def server_state(self, provider: str = "") -> ServerState | None:
+        """The last scrape of ``provider``'s /metrics (or, for "", of whichever provider was scraped last);
+        None before any."""
+        if provider:
+            return self._server.get(provider)
+        return next(reversed(self._server.values()), None)
+
     def pending_since_ns(self) -> int | None:
         """The start (perf_counter_ns) of the oldest request in flight; None when none is."""
         if not self._live:
@@ -279,6 +310,7 @@ class Metrics:
             bus.subscribe(FirstToken, lambda e: self.observe_first_token(e.record)),
             bus.subscribe(RequestDone, lambda e: self.observe_done(e.record)),
             bus.subscribe(WarmupState, self.observe_warmup),
+            bus.subscribe(ServerMetricsSampled, self.observe_server_metrics),
         ]
         if chunks:
             offs.append(bus.subscribe(Chunk, self.observe_chunk))
@@ -355,6 +387,16 @@ class Metrics:
         rtt = event.rtt_ms if event.rtt_ms is not None else self.connection.rtt_ms
         self.connection = ConnectionState(event.provider, event.state, rtt, event.error)
         self.connection_version += 1
+        self._changed()
+
+    def observe_server_metrics(self, event: ServerMetricsSampled) -> None:
+        """A scrape of a provider's /metrics came back (or failed): ``server_state``."""
+        held = self._server.pop(event.provider, None)  # popped and put back: the last scraped is last
+        good = event.metrics
+        if good is None and held is not None:
+            good = held.metrics or held.last_good
+        self._server[event.provider] = ServerState(event.provider, event.metrics, event.error, good)
+        self.server_version += 1
         self._changed()
 
     def observe_render_lag(self, ms: float) -> None:

@@ -16,10 +16,10 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
   provider does (the HUD keeps the same rule). Definitions as in ``TimingRecord``.
 - ``llmchat_request_part_seconds{part, group}``: where each of those requests' time went, one histogram
   per attribution part (``_attribution.PARTS``: encode, pool_wait, connect, tls, send, server_queue,
-  server_prefill, network_first_token, decode, unexplained ...; group is client, network, server,
-  network+server, retry or unexplained). A request observes the parts it has (a reused connection has no
-  connect). A negative unexplained part (a server that reported more than the span it fits in) is observed
-  as 0: a histogram's sum must never go down.
+  server_model_load, server_prefill, network_first_token, decode, unexplained ...; group is client,
+  network, server, network+server, retry or unexplained). A request observes the parts it has (a reused
+  connection has no connect). A negative unexplained part (a server that reported more than the span it
+  fits in) is observed as 0: a histogram's sum must never go down.
 - ``llmchat_request_flags_total{flag}``: finished requests flagged by attribution (cold_start, saturation,
   cache_hit), any outcome.
 - ``llmchat_output_tokens_total``: output tokens received.
@@ -31,6 +31,10 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
 - ``llmchat_requests_in_flight{provider, mode}``: started and not finished.
 - ``llmchat_warmup_state{provider, state}``: 1 for the provider's current warm-up state (cold, warming, warm,
   failed), 0 for the others; ``llmchat_warmup_rtt_seconds{provider}``: the warm-up ping's round trip.
+- ``llmchat_provider_requests_waiting{provider}``, ``llmchat_provider_requests_running{provider}`` and
+  ``llmchat_provider_kv_cache_usage_ratio{provider}``: the provider's own /metrics as last scraped
+  (``providers.NAME.metrics_url``, ``ServerMetricsPoller``); ``llmchat_provider_metrics_up{provider}`` is 1
+  when the last scrape answered, 0 when it failed (then the other three keep their last values).
 
 Cardinality stays bounded: past ``max_models`` distinct models the rest are counted as ``model="other"``;
 part, group and flag come from fixed sets.
@@ -50,7 +54,14 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from llmchat.core._attribution import attribute
-from llmchat.core._bus import Bus, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._bus import (
+    Bus,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    ServerMetricsSampled,
+    WarmupState,
+)
 from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._errors import LLMChatError, UsageError
 
@@ -133,6 +144,18 @@ class ClientMetrics:
         self.warmup = gauge("llmchat_warmup_state", "1 for the provider's current warm-up state.",
                             ("provider", "state"))
         self.warmup_rtt = gauge("llmchat_warmup_rtt_seconds", "The warm-up ping's round trip.", ("provider",))
+        self.server_gauges = {
+            key: gauge(name, doc, ("provider",)) for key, name, doc in (
+                ("requests_waiting", "llmchat_provider_requests_waiting",
+                 "Requests the provider's /metrics showed waiting, last scrape."),
+                ("requests_running", "llmchat_provider_requests_running",
+                 "Requests the provider's /metrics showed running, last scrape."),
+                ("kv_cache_usage", "llmchat_provider_kv_cache_usage_ratio",
+                 "The provider's KV cache use (0 to 1) in its /metrics, last scrape."),
+            )
+        }
+        self.server_up = gauge("llmchat_provider_metrics_up", "1 when the last scrape of the provider's "
+                               "/metrics answered, 0 when it failed.", ("provider",))
 
     def subscribe(self, bus: Bus) -> Callable[[], None]:
         """Count what ``bus`` reports from now on; returns a function that stops that."""
@@ -141,6 +164,7 @@ class ClientMetrics:
             bus.subscribe(RequestDone, self.on_done),
             bus.subscribe(RetryPlanned, self.on_retry),
             bus.subscribe(WarmupState, self.on_warmup),
+            bus.subscribe(ServerMetricsSampled, self.on_server_metrics),
         ]
 
         def unsubscribe() -> None:
@@ -231,6 +255,13 @@ class ClientMetrics:
             self.warmup.labels(event.provider, state).set(1.0 if state == event.state else 0.0)
         if event.rtt_ms is not None:
             self.warmup_rtt.labels(event.provider).set(event.rtt_ms / 1000.0)
+
+    def on_server_metrics(self, event: ServerMetricsSampled) -> None:
+        self.server_up.labels(event.provider).set(0.0 if event.metrics is None else 1.0)
+        for key, value in (event.metrics or {}).items():
+            gauge = self.server_gauges.get(key)
+            if gauge is not None:
+                gauge.labels(event.provider).set(value)
 
 
 def _observe(child: Any, ms: float | None) -> None:

@@ -21,12 +21,12 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmchat.core._attribution import attribute
 from llmchat.core._bus import Bus, RequestDone, RequestStarted
-from llmchat.core._coldstart import ColdStartDetector
+from llmchat.core._coldstart import Baseline, ColdStartDetector
 from llmchat.core._errors import ConfigError
 from llmchat.core._settings import LogSettings, Settings
 from llmchat.core._timing import TimingRecord
@@ -48,7 +48,9 @@ class RequestLog:
     a log that writes nothing.
     """
 
-    def __init__(self, settings: LogSettings) -> None:
+    def __init__(self, settings: LogSettings, *, baselines: Iterable[Baseline] = ()) -> None:
+        """``baselines``: cold-start windows of earlier processes (``ServerSignals.baselines``) for the
+        log's own detector, so its lines flag what ``llmchat ask --json`` flags."""
         self.settings = settings
         given = settings.requests_path
         self.path = os.path.abspath(os.path.expanduser(given)) if given else ""
@@ -66,6 +68,7 @@ class RequestLog:
         self._warned = False
         # Used on the writer's thread only, which takes the records in the order they finished.
         self._detector = ColdStartDetector()
+        self._detector.seed(baselines)
 
     @property
     def enabled(self) -> bool:
@@ -273,13 +276,14 @@ class Observers:
         await self.request_log.aclose()
 
 
-def attach_observers(bus: Bus, settings: Settings) -> Observers:
-    """Attach to a client's bus what ``settings`` asks for: the request log, if ``log.requests_path`` is set.
+def attach_observers(bus: Bus, settings: Settings, *, baselines: Iterable[Baseline] = ()) -> Observers:
+    """Attach to a client's bus what ``settings`` asks for: the request log, if ``log.requests_path`` is set
+    (its cold-start detector seeded with ``baselines``).
 
     Returns the handle that detaches them (``close()``, or ``await aclose()`` from an event loop). Raises
     ConfigError, one line, when the log file cannot be opened. Nothing else is attached: the Prometheus
     exporter is started apart, by whoever takes ``--metrics-port`` (``start_exporter``).
     """
-    request_log = RequestLog(settings.log)
+    request_log = RequestLog(settings.log, baselines=baselines)
     request_log.subscribe(bus)
     return Observers(request_log)

@@ -4,7 +4,8 @@ Three reporters are understood, best first:
 
 - ``llmchat serve``'s ``server_timing``: ``time.monotonic_ns()`` stamps of the server's process (received,
   started after any queueing, first token sent, last token sent). Only differences between them are used, so
-  they hold across machines whose clocks disagree.
+  they hold across machines whose clocks disagree. After a cold start it adds ``model_load_ns``, a duration:
+  the wait for the model to load, which is cut out of the prefill.
 - llama.cpp's ``timings`` object on the final chunk: ``prompt_ms`` (prefill) and ``predicted_ms`` (decode).
 - OpenAI's ``openai-processing-ms`` header: the server's time up to the response headers.
 
@@ -40,8 +41,11 @@ class ServerReport:
     reporter: str = ""
     queue_ns: int | None = None
     """Waiting for a slot before generation began (llmchat serve's ``started_ns - received_ns``)."""
+    load_ns: int | None = None
+    """Waiting for the model to load (a cold start) after any queueing and before the prefill; None when the
+    server said nothing about it (a warm model, or a server that never says)."""
     prefill_ns: int | None = None
-    """From the start of generation to the first token (prompt processing)."""
+    """From the start of generation (after any model load) to the first token (prompt processing)."""
     generation_ns: int | None = None
     """From the first token to the last (decode)."""
     processing_ns: int | None = None
@@ -50,10 +54,11 @@ class ServerReport:
 
     @property
     def ttft_ns(self) -> int | None:
-        """The server's own time to first token: queue plus prefill; None when it did not report a prefill."""
+        """The server's own time to first token: queue, model load and prefill; None when it did not report a
+        prefill."""
         if self.prefill_ns is None:
             return None
-        return (self.queue_ns or 0) + self.prefill_ns
+        return (self.queue_ns or 0) + (self.load_ns or 0) + self.prefill_ns
 
 
 def read_server_report(record: TimingRecord) -> ServerReport:
@@ -86,6 +91,7 @@ def _with_notes(report: ServerReport, notes: list[str]) -> ServerReport:
     return ServerReport(
         reporter=report.reporter,
         queue_ns=report.queue_ns,
+        load_ns=report.load_ns,
         prefill_ns=report.prefill_ns,
         generation_ns=report.generation_ns,
         processing_ns=report.processing_ns,
@@ -125,13 +131,30 @@ def _from_server_timing(raw: object, notes: list[str]) -> ServerReport | None:
     if last - received > _MAX_SPAN_NS:
         notes.append("server_timing ignored: it spans more than a day")
         return None
+    load = _model_load(raw, first - started, notes)
     return ServerReport(
         reporter=LLMCHAT,
         queue_ns=started - received,
-        prefill_ns=first - started,
+        load_ns=load,
+        prefill_ns=first - started - (load or 0),
         generation_ns=last - first,
         notes=tuple(notes),
     )
+
+
+def _model_load(raw: dict[Any, Any], room_ns: int, notes: list[str]) -> int | None:
+    """``model_load_ns`` when it is a duration that fits between the start of work and the first token."""
+    if "model_load_ns" not in raw:
+        return None
+    value = _stamp(raw.get("model_load_ns"))
+    if value is None:
+        notes.append(f"server_timing.model_load_ns ignored: {raw.get('model_load_ns')!r} is not a duration")
+        return None
+    if value > room_ns:
+        notes.append("server_timing.model_load_ns ignored: it is longer than the time from the start of work "
+                     "to the first token")
+        return None
+    return value or None
 
 
 def _duration_ms(value: Any) -> float | None:

@@ -67,6 +67,9 @@ class ProviderSettings:
     metrics_url: str = ""
     """The server's Prometheus /metrics URL (vLLM, llama.cpp with --metrics, llmchat serve): its queue and
     KV-cache use tell server saturation from network delay. Empty reads none."""
+    metrics_interval_s: float = 2.0
+    """Seconds between scrapes of metrics_url while the chat app or llmchat bench runs (llmchat ask scrapes
+    once, beside its request)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -121,6 +121,9 @@ class TimingRecord:
     server_processing_ms: float | None = None
     # Characters of the reply that were not valid Unicode (a lone surrogate from a server), shown as U+FFFD.
     replaced_chars: int = 0
+    # The provider's /metrics (requests waiting and running, KV cache use), the busiest scrape taken while the
+    # request was in flight (``ServerMetricsPoller``): attribution flags saturation from it.
+    server_metrics: dict[str, float] | None = None
 
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property

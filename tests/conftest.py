@@ -19,9 +19,10 @@ from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 
 @pytest.fixture(autouse=True)
 def _no_user_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real user's config, cache or history, or sees a real API key."""
+    """No test reads or writes the real user's config, cache, history or state (cold-start baselines), or
+    sees a real API key."""
     home = tmp_path_factory.mktemp("xdg")
-    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
         monkeypatch.setenv(var, str(home / var.lower()))
     for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLMCHAT_CONFIG", "LLMCHAT_DEFAULT_PROVIDER"):
         monkeypatch.delenv(var, raising=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -10,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from llmchat.core import CacheSettings, ChatClient, HttpSettings, RetryPlanned, RetrySettings, Settings
+from llmchat.core import (
+    CacheSettings,
+    ChatClient,
+    HttpSettings,
+    ProviderSettings,
+    RetryPlanned,
+    RetrySettings,
+    Settings,
+)
 from llmchat.core._history import HistoryStore
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, Offline, make_app
@@ -219,3 +229,25 @@ async def test_the_garbage_collector_is_frozen_only_when_the_program_asks(server
             await _until(pilot, lambda: gc.get_freeze_count() > before)
     finally:
         gc.unfreeze()
+
+
+async def test_the_app_scrapes_the_providers_metrics_and_keeps_cold_start_baselines(
+    local_server: RunningServer, tmp_path: Path
+) -> None:
+    root = local_server.base_url.removesuffix("/v1")
+    local = ProviderSettings(name="local", base_url=local_server.base_url, model=MODEL, http={"http2": "h2c"},
+                             metrics_url=root + "/metrics", metrics_interval_s=0.05)
+    settings = _settings(tmp_path, providers={"local": local})
+    client = ChatClient(settings, provider="local")
+    app = make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
+    async with app.run_test(size=(140, 40)) as pilot:
+        hud = app.query_one(Hud)
+        await _until(pilot, lambda: hud.server_line.display)  # scraped on its cadence, before any request
+        assert "0 waiting · 0 running" in str(hud.server_line.content)
+        reply = await _send(pilot, app, "am I saturating it")
+        await _until(pilot, lambda: reply.is_final and hud.metrics.last is not None)
+        assert hud.metrics.last.server_metrics is not None  # the record carries the snapshot
+    # At exit the HUD's cold-start window went to the state folder, for the next run.
+    state = Path(os.environ["XDG_STATE_HOME"]) / "llmchat" / "coldstart.json"
+    [track] = json.loads(state.read_text())["tracks"]
+    assert (track["provider"], track["model"]) == ("local", MODEL) and len(track["server"]) == 1

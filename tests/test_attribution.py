@@ -29,6 +29,7 @@ from llmchat.core import (
 )
 from llmchat.core import _wire as wire
 from llmchat.core._attribution import PARTS, SATURATION_MIN_MS
+from llmchat.core._coldstart import Baseline
 
 MS = 1_000_000
 T0 = 1_000_000_000
@@ -481,6 +482,92 @@ def test_reset_makes_the_next_request_count_as_after_idle() -> None:
 def test_detector_refuses_nonsense_settings(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ColdStartDetector(**kwargs)  # type: ignore[arg-type]
+
+
+# -- a model load the server reported ------------------------------------------------------------------------
+def loaded(mode: str = "stream", load_ms: Any = 60, **server: Any) -> TimingRecord:
+    """Received at 10, first token at 90 (80 ms from the start of work), last at 270, ``load_ms`` of model
+    load (a duration, so not shifted onto the server's clock like the stamps)."""
+    kw: dict[str, Any] = {"headers": 250.0, "end": 260.0, "decode_ms": 3.0} if mode == "batch" else {}
+    r = record(mode, server={"received_ns": 10, "first_token_ns": 90, "last_token_ns": 270, **server}, **kw)
+    assert r.server_timing is not None
+    number = isinstance(load_ms, int | float) and not isinstance(load_ms, bool)
+    r.server_timing["model_load_ns"] = round(load_ms * MS) if number else load_ms
+    return r
+
+
+def test_a_reported_model_load_is_its_own_part_cut_out_of_the_prefill_and_a_cold_start() -> None:
+    a = attribute(loaded())  # no detector: the server said it loaded the model, and that is enough
+    parts = ms_of(a)
+    assert parts["server_model_load"] == 60.0 and parts["server_prefill"] == 20.0
+    assert parts["network_first_token"] == 18.5  # as without a load: the load is the server's, not the net's
+    load = a.part("server_model_load")
+    assert load is not None
+    assert (load.name, load.group, load.source) == ("server model load", "server", "reported")
+    assert a.flags == ["cold_start"]
+    assert any("server reported 60 ms of model load" in n for n in a.notes)
+    assert format_shares(a).endswith("[cold_start: server model load 60 ms]")
+    assert_sums(a)
+
+
+def test_a_model_load_in_a_whole_reply_and_after_queueing() -> None:
+    a = attribute(loaded("batch", started_ns=25))
+    parts = ms_of(a)
+    assert (parts["server_queue"], parts["server_model_load"], parts["server_prefill"]) == (15.0, 60.0, 5.0)
+    assert "cold_start" in a.flags
+    assert_sums(a)
+
+
+@pytest.mark.parametrize(
+    ("value", "note"),
+    [("soon", "is not a duration"), (-5, "is not a duration"), (True, "is not a duration"),
+     (81, "longer than the time from the start of work to the first token")],
+)
+def test_a_bad_model_load_is_ignored_with_a_note_and_the_prefill_keeps_it(value: Any, note: str) -> None:
+    a = attribute(loaded(load_ms=value))
+    assert a.part("server_model_load") is None and ms_of(a)["server_prefill"] == 80.0
+    assert "cold_start" not in a.flags and any(note in n for n in a.notes), a.notes
+
+
+def test_a_reported_load_is_a_cold_start_to_the_detector_and_stays_out_of_its_window() -> None:
+    d = ColdStartDetector(idle_s=60)
+    for t in range(3):
+        assert not d.observe(timed(t, 20, server_ms=20))
+    r = loaded()
+    r.t0_ns, r.end_ns = round(3.1e9), round(3.1e9) + 300 * MS  # right after the others: no idle
+    assert d.observe(r)
+    assert d.median("p", "m", "server") == 20
+
+
+# -- baselines across processes ------------------------------------------------------------------------------
+def test_a_seeded_detector_flags_the_first_request_of_a_new_process_after_idle() -> None:
+    old = ColdStartDetector(idle_s=60)
+    for t in range(4):
+        old.observe(timed(t, 20, wall_start=1_000.0 + t))
+    [baseline] = old.baselines()
+    assert baseline.samples == {"client": (20.0,) * 4} and baseline.last_end_wall == pytest.approx(1_003.03)
+    fresh = ColdStartDetector(idle_s=60)
+    assert not fresh.observe(timed(0, 500, wall_start=2_000.0))  # nothing to compare with
+    seeded = ColdStartDetector(idle_s=60)
+    seeded.seed([baseline])
+    # perf_counter stamps of another process mean nothing here: the silence is read on the wall clock.
+    assert seeded.observe(timed(0, 500, wall_start=2_000.0))
+    soon = ColdStartDetector(idle_s=60)
+    soon.seed([baseline])
+    assert not soon.observe(timed(0, 500, wall_start=1_010.0))  # 7 s after the other process's last request
+
+
+def test_seeding_keeps_the_newest_window_skips_nonsense_and_never_overrides_what_was_seen() -> None:
+    d = ColdStartDetector(window=3, idle_s=60)
+    d.observe(timed(0, 20, model="seen"))
+    d.seed([
+        Baseline("p", "m", {"client": (1.0, 2.0, float("nan"), -4.0, 30.0, 40.0), "other": (5.0,)}, 10.0),
+        Baseline("p", "seen", {"client": (900.0,) * 3}, 10.0),
+    ])
+    assert d.median("p", "m", "client") == 30.0  # 2, 30, 40: the newest three that make sense
+    assert d.median("p", "seen", "client") == 20.0
+    [m] = [b for b in d.baselines() if b.model == "m"]
+    assert m.samples == {"client": (2.0, 30.0, 40.0)} and m.last_end_wall == 10.0
 
 
 # -- aggregates and output -----------------------------------------------------------------------------------

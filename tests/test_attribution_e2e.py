@@ -230,14 +230,21 @@ async def test_cold_start_after_idle_is_flagged_and_warm_requests_are_not(
     srv = server_factory(cold_start_ms=400, idle_unload_s=0.3, ttft_ms=20)
     detector = ColdStartDetector(idle_s=0.3)
     async with _client(srv.base_url, tmp_path) as client:
-        # The server's very first request is cold too, but with no history it cannot be told from normal.
-        flags = [attribute(await _stream(client, max_tokens=3), detector=detector).flags for _ in range(5)]
-        assert flags == [[]] * 5
+        # The server's very first request is cold: with no history only the server's own report can say so.
+        first = attribute(await _stream(client, max_tokens=3), detector=detector)
+        flags = [attribute(await _stream(client, max_tokens=3), detector=detector).flags for _ in range(4)]
+        assert flags == [[]] * 4
         await asyncio.sleep(0.4)  # deliberate idle, past the server's idle_unload_s, so it unloads the model
         cold = attribute(await _stream(client, max_tokens=3), detector=detector)
         warm_again = attribute(await _stream(client, max_tokens=3), detector=detector)
-    assert cold.flags == ["cold_start"] and cold.ms("server_prefill") >= 400
-    assert warm_again.flags == []
+    for a in (first, cold):
+        assert a.flags == ["cold_start"]
+        load = a.part("server_model_load")
+        assert load is not None and load.name == "server model load" and load.source == "reported"
+        assert load.group == "server" and _near(load.ms, 400)
+        assert _near(a.ms("server_prefill"), 20)  # the load is its own part, not prefill
+        _check_sum(a)
+    assert warm_again.flags == [] and warm_again.part("server_model_load") is None
 
 
 async def test_a_cache_hit_is_all_client(local_server: RunningServer, tmp_path: Path) -> None:

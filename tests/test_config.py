@@ -106,6 +106,10 @@ BAD_VALUES = [
     ),
     ('[providers.x.http]\nhttp2 = "h3"', 'providers.x.http.http2 must be true, false or "h2c", got "h3"'),
     (
+        "[providers.x]\nmetrics_interval_s = 0",
+        "providers.x.metrics_interval_s must be a positive number of seconds, got 0",
+    ),
+    (
         "[providers.x.http]\nmax_connections = 0",
         "providers.x.http.max_connections must be a positive integer, got 0",
     ),

@@ -17,14 +17,24 @@ from textual.widgets import Static
 from timing_records import T0, record
 
 from llmchat.core._attribution import GROUPS, attribute, shares_over
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
+from llmchat.core._bus import (
+    Bus,
+    Chunk,
+    FirstToken,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    ServerMetricsSampled,
+    WarmupState,
+)
 from llmchat.core._coldstart import ColdStartDetector
-from llmchat.core._metrics import Metrics
+from llmchat.core._metrics import Metrics, ServerState
 from llmchat.core._retry import RetryEvent
 from llmchat.core._settings import UISettings
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.widgets.hud import AttributionPanel, Hud, HudDetail, PlotChart
 from llmchat.tui.widgets.hud._attribution import BADGES, GROUP_LOOK, MIN_SHARE, MUTE_MS, segments
+from llmchat.tui.widgets.hud._server import render_server
 
 WAIT_S = 5.0
 
@@ -538,3 +548,45 @@ async def test_the_panel_repaints_only_when_a_request_finished() -> None:
         r.last_token_ns = r.end_ns = r.t0_ns + 90_000_000
         app.bus.publish(RequestDone(r))
         await until(pilot, lambda: hud.attribution.content is not painted, "the repaint on done")
+
+
+async def test_a_reported_model_load_is_a_cold_start_badge_on_the_very_first_request() -> None:
+    app = HudApp()
+    async with app.run_test(size=(120, 50)) as pilot:
+        panel = app.query_one(Hud).attribution
+        # No history at all: the server said it loaded the model, and that is enough.
+        cold = served(record(ttft_ms=1700.0, total_ms=1800.0))
+        assert cold.server_timing is not None
+        cold.server_timing["model_load_ns"] = 1_500 * 10**6
+        finish(app.bus, cold)
+        await until(pilot, lambda: "cold start" in panel_line(panel, 3), "the cold-start badge")
+        assert "server reported 1500 ms of model load" in panel_line(panel, 3)
+        assert panel_line(panel, 1).startswith("srv ")
+
+
+def test_the_server_line_says_what_the_metrics_show() -> None:
+    busy = render_server(ServerState("local", {"requests_waiting": 2.0, "requests_running": 1.0,
+                                               "kv_cache_usage": 0.43}))
+    assert busy.plain == "server 2 waiting · 1 running · KV 43%"
+    idle = render_server(ServerState("local", {"requests_waiting": 0.0, "requests_running": 0.0}))
+    assert idle.plain == "server 0 waiting · 0 running"
+    failed = render_server(ServerState("local", None, "HTTP 404", {"requests_waiting": 2.0}))
+    assert failed.plain == "server metrics failed: HTTP 404; before: 2 waiting"
+    assert render_server(ServerState("local", {})).plain == "server no queue gauges in its /metrics"
+
+
+async def test_the_server_line_shows_once_scraped_and_only_for_the_provider_shown() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        hud.provider = "local"
+        await pilot.pause()
+        assert not hud.server_line.display  # no metrics_url, no scrape: the HUD keeps its layout
+        app.bus.publish(ServerMetricsSampled("local", {"requests_waiting": 1.0, "requests_running": 1.0}))
+        await until(pilot, lambda: hud.server_line.display, "the server line")
+        assert text(hud.server_line) == "server 1 waiting · 1 running"
+        assert styles_of(hud.server_line, "1 waiting") == {"$warning"}
+        app.bus.publish(ServerMetricsSampled("local", None, "connection refused"))
+        await until(pilot, lambda: "failed" in text(hud.server_line), "the failed scrape")
+        hud.provider = "other"  # another provider's queue says nothing about this one
+        await until(pilot, lambda: not hud.server_line.display, "the line hidden")

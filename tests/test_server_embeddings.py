@@ -123,3 +123,13 @@ async def test_bad_input_is_400(c: httpx.AsyncClient, body: dict[str, object]) -
         "encoding_format",
         "dimensions",
     )
+
+
+async def test_a_cold_model_reports_its_load_once(server_factory: Callable[..., RunningServer]) -> None:
+    srv = server_factory(cold_start_ms=100)
+    async with httpx.AsyncClient(base_url=srv.base_url, timeout=10, verify=UNUSED_TLS) as client:
+        cold = (await client.post("/embeddings", json={"input": "x"})).json()["server_timing"]
+        warm = (await client.post("/embeddings", json={"input": "x"})).json()["server_timing"]
+    assert cold["model_load_ns"] == pytest.approx(100_000_000, abs=1_000)
+    assert cold["first_token_ns"] - cold["received_ns"] >= cold["model_load_ns"]
+    assert "model_load_ns" not in warm

@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Static
 from textual.worker import WorkerState
 
-from llmchat.core import APIError, ChatClient, Settings, UsageError, Warmer
+from llmchat.core import APIError, ChatClient, ServerSignals, Settings, UsageError, Warmer
 from llmchat.core._history import HistoryStore
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
@@ -111,6 +111,8 @@ class ChatApp(App[None]):
         self.history: list[dict[str, str]] = []
         self.warmer: Warmer | None = None
         self.metrics_port = metrics_port
+        self.signals: ServerSignals | None = None
+        """Cold-start baselines across runs and the providers' metrics pollers (from mount to unmount)."""
         self._observers: list[Any] = []
         self._last_reply: ChatMessage | None = None
         # Initial values without running the watchers: nothing is mounted yet.
@@ -147,10 +149,16 @@ class ChatApp(App[None]):
         return f"{where} · {self.client.model or 'default model'} · {'stream' if self.stream_mode else 'batch'}"
 
     async def on_mount(self) -> None:
+        # The HUD's detector carries the cold-start baselines from one run to the next; the provider's
+        # metrics_url is scraped beside the requests.
+        signals = await ServerSignals(self.settings, detector=self.query_one(Hud).metrics.detector).open()
+        self.signals = signals
+        signals.follow(self.client)
         # Every provider's client shares this bus, so one request log and one exporter see them all.
-        self._observers.append(attach_observers(self.client.bus, self.settings))
+        self._observers.append(attach_observers(self.client.bus, self.settings, baselines=signals.baselines))
         if self.metrics_port is not None:
             exporter = start_exporter(self.client.bus, self.metrics_port)
+            signals.seed(exporter.metrics.detector)
             self._observers.append(exporter)
             self.notify(f"Prometheus metrics at {exporter.url}", timeout=5)
         if self.settings.keymap:
@@ -184,6 +192,8 @@ class ChatApp(App[None]):
             await client.aclose()
         for observer in self._observers:
             observer.close()
+        if self.signals is not None:
+            await self.signals.aclose()
         await self.store.aclose()
 
     def on_resize(self, event: Any) -> None:
@@ -306,6 +316,8 @@ class ChatApp(App[None]):
             client.model = model
         self.client = client
         self.offline = None
+        if self.signals is not None:
+            self.signals.follow(client)
         self._show_endpoint()
         self.notify(f"next message goes to {name}{' · ' + model if model else ''}", timeout=3)
 

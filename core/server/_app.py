@@ -224,7 +224,8 @@ class ServerApp:
         request = parse_embeddings(parse_json(ex.body), self.models, self.settings.embedding_dim)
         self.chat.inject_error()
         loop = asyncio.get_running_loop()
-        delay = self.chat.cold.delay(request.model, loop.time()) + self.settings.ttft_ms / 1000.0
+        load = self.chat.cold.delay(request.model, loop.time())
+        delay = load + self.settings.ttft_ms / 1000.0
         if not await ex.pause(ex.received_at + delay + self.dice.jitter() - loop.time()):
             return
         dim = request.dimensions or self.settings.embedding_dim
@@ -246,7 +247,7 @@ class ServerApp:
             "data": data,
             "model": request.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "server_timing": timing(ex.received_ns, now, now),
+            "server_timing": timing(ex.received_ns, now, now, model_load_ns=round(load * 1e9)),
         }
         await ex.respond(200, dumps(body))
 

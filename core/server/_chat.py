@@ -13,7 +13,8 @@ arrival order, and their pacing starts when they get one (the wait shows as ``st
 ``server_timing`` (``time.monotonic_ns()`` stamps: request received, work started after any queueing, first
 content token sent, last token sent) rides on the final chunk before ``[DONE]`` (the usage chunk when
 ``include_usage`` is set) and on every whole reply; there, "first token" is when the first token would have
-been ready.
+been ready. After a cold start (``cold_start_ms``) it also carries ``model_load_ns``: how long this request
+waited for its model to load, which the client attributes as the server's model load, not its prefill.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class ChatResponder:
     async def _generate(self, ex: Exchange, req: ChatRequest, started_at: float) -> None:
         loop = asyncio.get_running_loop()
         cold = self.cold.delay(req.model, loop.time())
+        ex.model_load_ns = round(cold * 1e9)
         seed = req.seed if req.seed is not None else self.settings.seed
         limit = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
         reply = build_reply(
@@ -275,7 +277,7 @@ class ChatResponder:
 
     @staticmethod
     def _extra(ex: Exchange, req: ChatRequest, first_ns: int, last_ns: int) -> dict[str, Any]:
-        timing = _wire.timing(ex.received_ns, first_ns, last_ns, ex.started_ns)
+        timing = _wire.timing(ex.received_ns, first_ns, last_ns, ex.started_ns, ex.model_load_ns)
         extra: dict[str, Any] = {"server_timing": timing}
         if req.params:
             extra["request_params"] = req.params

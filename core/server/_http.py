@@ -60,6 +60,8 @@ class Exchange:
         self.started_ns = received_ns
         """``time.monotonic_ns()`` when work on the reply began: later than ``received_ns`` when the request
         queued for a slot (``max_concurrency``)."""
+        self.model_load_ns = 0
+        """How long the reply waited for its model to load (a cold start), reported in server_timing."""
         self.body = b""
         """The request body, once read."""
         self.started = False

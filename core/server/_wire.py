@@ -34,16 +34,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def timing(
-    received_ns: int, first_token_ns: int, last_token_ns: int, started_ns: int | None = None
+    received_ns: int, first_token_ns: int, last_token_ns: int, started_ns: int | None = None,
+    model_load_ns: int = 0,
 ) -> dict[str, int]:
     """The ``server_timing`` object: ``time.monotonic_ns()`` stamps of this server's process. ``started_ns``
-    (default: ``received_ns``) is when work began after queueing for a slot."""
-    return {
+    (default: ``received_ns``) is when work began after queueing for a slot. ``model_load_ns``, a duration
+    and only when above 0, is how long the request waited for its model to load (a cold start), between
+    ``started_ns`` and the first token."""
+    out = {
         "received_ns": received_ns,
         "started_ns": received_ns if started_ns is None else started_ns,
         "first_token_ns": first_token_ns,
         "last_token_ns": last_token_ns,
     }
+    if model_load_ns > 0:
+        out["model_load_ns"] = model_load_ns
+    return out
 
 
 class ChunkTemplate:

@@ -8,11 +8,12 @@ table above it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape
 
 from llmchat.core._attribution import PARTS
 from llmchat.core._load_stats import METRIC_NAMES, QUANTILES, ConfigStats, compare_rows
+from llmchat.core._metrics_poller import summarize_snapshots
 
 BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
 
@@ -118,6 +119,29 @@ def _part_sources(keys: Sequence[str]) -> str:
     elif derived:
         text += f", except {', '.join(derived)} (measured less reported)"
     return text
+
+
+def server_table(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]], url: str,
+                 interval_s: float) -> str:
+    """The provider's own /metrics over each configuration's slices: requests waiting (the saturation sign)
+    and running, p50 and max, the fullest KV cache, and how many scrapes answered."""
+    names = list(snapshots)
+    figures = [summarize_snapshots(snapshots[n]) for n in names]
+    rows: list[list[str]] = [
+        [f"server metrics, every {interval_s:g} s", "", *names],
+        ["requests waiting", "p50", *(_count(f.waiting_p50) for f in figures)],
+        ["", "max", *(_count(f.waiting_max) for f in figures)],
+        ["requests running", "p50", *(_count(f.running_p50) for f in figures)],
+        ["", "max", *(_count(f.running_max) for f in figures)],
+        ["KV cache use", "max", *(_pct(None if f.kv_cache_usage_max is None else f.kv_cache_usage_max * 100)
+                                  for f in figures)],
+        ["scrapes", "", *(f"{f.snapshots} ({f.failed} failed)" for f in figures)],
+    ]
+    return grid(rows, left=2) + f"\nscraped from {url}; requests waiting above 0 flag saturation"
+
+
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 def _kind_cell(s: ConfigStats, kind: str) -> str:

@@ -18,12 +18,12 @@ from llmchat.core import (
     ChatClient,
     RequestDone,
     RetryPlanned,
+    ServerSignals,
     Settings,
-    attribute,
+    _text,
     format_shares,
     load_settings,
 )
-from llmchat.core import _text
 from llmchat.core._errors import APIError, UsageError
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
@@ -96,8 +96,9 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     record: TimingRecord | None = None
     error: APIError | None = None
     cancelled = False
-    async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2, api_key_env=args.api_key_env) as client, _observed(client, settings):
+    client = ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model, http2=http2,
+                        api_key_env=args.api_key_env)
+    async with client, _observed(client, settings) as signals:
         client.bus.subscribe(RetryPlanned, _announce_retry)
         finished: list[TimingRecord] = []  # the record of a request cut before it returned one (Ctrl-C)
         client.bus.subscribe(RequestDone, lambda done: finished.append(done.record))
@@ -123,21 +124,22 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             cancelled = True
         if text and not args.batch:
             out.write("\n")  # the streamed text ends its line, whatever ended the stream
-    if error is not None and record is None:
-        record = getattr(error, "record", None)
-    if record is None and finished:
-        record = finished[-1]
+        if error is not None and record is None:
+            record = getattr(error, "record", None)
+        if record is None and finished:
+            record = finished[-1]
+        attribution = None if record is None else await signals.attribute(record)
     if args.json:
         obj: dict[str, Any] = {"reply": text}
-        if record is not None:
+        if record is not None and attribution is not None:
             obj.update(record.summary())
-            obj["attribution"] = attribute(record).to_dict()
+            obj["attribution"] = attribution.to_dict()
         obj["error"] = "cancelled (Ctrl-C)" if cancelled else None if error is None else str(error)
         sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()
-    if args.stats and record is not None:
+    if args.stats and record is not None and attribution is not None:
         # The split first: scripts read the timing line as the last one.
-        split = format_shares(attribute(record))
+        split = format_shares(attribution)
         if split:
             print(f"llmchat: {split}", file=sys.stderr)
         print(stats_line(record), file=sys.stderr)
@@ -176,13 +178,17 @@ class _Out:
 
 
 @asynccontextmanager
-async def _observed(client: ChatClient, settings: Settings) -> AsyncIterator[None]:
-    """The request log (log.requests_path) for the duration, flushed before the command exits."""
-    observers = attach_observers(client.bus, settings)
+async def _observed(client: ChatClient, settings: Settings) -> AsyncIterator[ServerSignals]:
+    """For the duration: the cold-start baselines of earlier runs (saved back at the end), one snapshot of the
+    provider's metrics_url beside the request, and the request log (log.requests_path), flushed at the end."""
+    signals = await ServerSignals(settings, per_request=True).open()
+    signals.follow(client)
+    observers = attach_observers(client.bus, settings, baselines=signals.baselines)
     try:
-        yield
+        yield signals
     finally:
         await observers.aclose()
+        await signals.aclose()
 
 
 def stats_line(r: TimingRecord) -> str:

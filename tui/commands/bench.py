@@ -21,11 +21,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
-from llmchat.core import Bus, __version__, load_settings, mask_url
+from llmchat.core import BaselineStore, Bus, ColdStartDetector, __version__, load_settings, mask_url
 from llmchat.core._attribution import Attribution, attribute
 from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
 from llmchat.core._load_stats import SLO, ConfigStats, compare_rows, summarize
+from llmchat.core._metrics_poller import summarize_snapshots
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import percentile
@@ -123,13 +124,19 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty())
     interrupted = False
+    # Cold-start baselines of earlier runs, read before the run and saved after it (never on the loop).
+    store = BaselineStore()
+    baselines = store.load()
+    detector = ColdStartDetector()
+    detector.seed(baselines)
     # One bus for every configuration when something watches: the exporter, the request log, or both.
     bus = Bus() if args.metrics_port is not None or settings.log.requests_path else None
     with contextlib.ExitStack() as stack:
         if bus is not None:
-            stack.enter_context(contextlib.closing(attach_observers(bus, settings)))
+            stack.enter_context(contextlib.closing(attach_observers(bus, settings, baselines=baselines)))
         if bus is not None and args.metrics_port is not None:
             exporter = stack.enter_context(start_exporter(bus, args.metrics_port))
+            exporter.metrics.detector.seed(baselines)
             print(f"llmchat: metrics on {exporter.url}", file=sys.stderr)
         url, http2, model = stack.enter_context(
             offline_default(settings, args.provider, args.base_url, quiet=args.quiet))
@@ -141,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_drive(load, progress))
         except KeyboardInterrupt:
             interrupted = True
-    # Once per request: the per-part percentiles and the per-request JSON are the same attributions.
-    attributions = [attribute(s.record) for s in load.samples]
+    # Once per request, in the order they finished: the per-part percentiles and the per-request JSON are the
+    # same attributions.
+    attributions = [attribute(s.record, detector=detector) for s in load.samples]
+    store.save(detector.baselines())
     paired = list(zip(load.samples, attributions, strict=True))
     stats = [
         summarize(name, load.records(name), load.walls_ns[name], slo=slo,
@@ -157,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
     if where:
         print()
         print(where)
+    if load.metrics_url:
+        print()
+        url = mask_url(load.metrics_url)
+        print(report.server_table(load.server_snapshots, url, load.metrics_interval_s))
     if len(stats) > 1:
         print()
         print(report.compare_table(stats))
@@ -239,13 +252,22 @@ def bench_json(
         "version": __version__,
         "scenario": scenario.to_json(),
         "target": {"base_url": mask_url(load.base_url), "model": load.model},
-        "configs": [s.to_json() for s in stats],
+        "configs": [{**s.to_json(), "server_metrics": _server_figures(load, s.name)} for s in stats],
+        "server_metrics": {"url": mask_url(load.metrics_url), "interval_s": load.metrics_interval_s}
+        if load.metrics_url else None,
         "compare": compare_rows(stats),
         "open_loop_cap_hits": load.cap_hits,
         "interrupted": interrupted,
         "requests": [{**s.to_json(), "attribution": a.to_dict()}
                      for s, a in zip(load.samples, attributions, strict=True)],
     }
+
+
+def _server_figures(load: LoadRun, config: str) -> dict[str, Any] | None:
+    """The provider's /metrics over the configuration's slices; None when no metrics_url is set."""
+    if not load.metrics_url:
+        return None
+    return summarize_snapshots(load.server_snapshots.get(config, [])).to_json()
 
 
 def _write(path: str, text: str, flag: str) -> None:

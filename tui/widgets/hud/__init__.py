@@ -7,6 +7,7 @@ from llmchat.tui.widgets.hud._detail import HudDetail, PlotChart
 from llmchat.tui.widgets.hud._hud import Hud
 from llmchat.tui.widgets.hud._lag import RenderLagLine
 from llmchat.tui.widgets.hud._pending import PendingPanel
+from llmchat.tui.widgets.hud._server import ServerLine
 from llmchat.tui.widgets.hud._stats import HudStats
 from llmchat.tui.widgets.hud._waterfall import Waterfall
 
@@ -21,5 +22,6 @@ __all__ = [
     "PendingPanel",
     "PlotChart",
     "RenderLagLine",
+    "ServerLine",
     "Waterfall",
 ]

@@ -29,6 +29,7 @@ from llmchat.tui.widgets.hud._detail import HudDetail
 from llmchat.tui.widgets.hud._figures import Sla, sla_for
 from llmchat.tui.widgets.hud._lag import RenderLagLine
 from llmchat.tui.widgets.hud._pending import PendingPanel
+from llmchat.tui.widgets.hud._server import ServerLine
 from llmchat.tui.widgets.hud._stats import HudStats
 from llmchat.tui.widgets.hud._waterfall import Waterfall
 
@@ -89,13 +90,14 @@ class Hud(VerticalScroll, can_focus=True):
         self._ticking = False
         self._offs: list[Callable[[], None]] = []
         # The versions each part last painted; -1 forces the first paint.
-        self._seen = {"requests": -1, "done": -1, "connection": -1, "render": -1}
+        self._seen = {"requests": -1, "done": -1, "connection": -1, "render": -1, "server": -1}
         self._was_pending = False
         self._retry_shown: str | None = None
         self.frames = 0
         """How many ticks repainted something: for benchmarks and tests of the refresh policy."""
 
         self.connection_panel = ConnectionPanel(id="hud-connection")
+        self.server_line = ServerLine(id="hud-server")
         self.pending_panel = PendingPanel(id="hud-pending")
         self.charts = HudCharts(id="hud-charts")
         self.waterfall = Waterfall(id="hud-waterfall")
@@ -111,6 +113,7 @@ class Hud(VerticalScroll, can_focus=True):
         with Vertical(id="hud-live", classes="hud-box"):
             yield Static("connection", classes="hud-title -first")
             yield self.connection_panel
+            yield self.server_line
             yield self.pending_panel
             yield self.lag_line
         with Vertical(id="hud-history", classes="hud-box"):
@@ -147,7 +150,7 @@ class Hud(VerticalScroll, can_focus=True):
         self.wake()
 
     def watch_provider(self) -> None:
-        self._seen["connection"] = -1
+        self._seen["connection"] = self._seen["server"] = -1
         self.wake()
 
     watch_model = watch_host = watch_provider
@@ -211,6 +214,11 @@ class Hud(VerticalScroll, can_focus=True):
             seen["requests"] = m.requests_version
             self._retry_shown = retry
             self.stats.show(m, sla)
+            painted = True
+        if seen["server"] != m.server_version:
+            seen["server"] = m.server_version
+            # The shown provider's scrape only: another provider's queue says nothing about this one.
+            self.server_line.show(m.server_state(self.provider) if self.provider else m.server_state())
             painted = True
         if seen["render"] != m.render_version:
             seen["render"] = m.render_version
