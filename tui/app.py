@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer, Static
@@ -26,7 +26,9 @@ from llmchat.core._history import HistoryStore
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
+from llmchat.tui.keys import binding, effective_keys
 from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
 from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
@@ -69,17 +71,18 @@ class ChatApp(App[None]):
     TITLE = "llmchat"
     COMMANDS = App.COMMANDS | {ProviderCommands}
 
+    # Keys, labels and ids come from the registry (tui/keys.py), which [keymap] is checked against.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+b", "toggle_mode", "Stream/Batch", id="mode.toggle"),
-        Binding("escape", "cancel_reply", "Cancel", id="reply.cancel", priority=True),
-        Binding("f2", "toggle_hud", "HUD", id="hud.toggle"),
-        Binding("f5", "hud_detail", "Charts", id="hud.charts"),
-        # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
-        Binding("f3", "copy_reply", "Copy reply", id="copy.reply"),
-        Binding("f4", "copy_code", "Copy code", id="copy.code"),
-        Binding("ctrl+o", "history", "History", id="history.open"),
-        Binding("ctrl+n", "new_conversation", "New", id="conversation.new"),
-        Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+        binding("mode.toggle", "toggle_mode"),
+        binding("reply.cancel", "cancel_reply", priority=True),
+        binding("hud.toggle", "toggle_hud"),
+        binding("hud.charts", "hud_detail"),
+        binding("copy.reply", "copy_reply"),
+        binding("copy.code", "copy_code"),
+        binding("history.open", "history"),
+        binding("conversation.new", "new_conversation"),
+        binding("help.open", "keys_help"),
+        binding("app.quit", "quit", priority=True),
     ]
 
     stream_mode: reactive[bool] = reactive(True)
@@ -111,6 +114,8 @@ class ChatApp(App[None]):
         self.metrics_port = metrics_port
         self._observers: list[Any] = []
         self._last_reply: ChatMessage | None = None
+        self.keys_in_effect = effective_keys(settings.keymap)
+        """Each binding id's keys, [keymap] over the registry's defaults (checked before the app starts)."""
         # Initial values without running the watchers: nothing is mounted yet.
         self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
         self.set_reactive(ChatApp.show_hud, settings.ui.show_hud)
@@ -249,6 +254,9 @@ class ChatApp(App[None]):
         await self.query_one(Conversation).clear()
         self._last_reply = None
         self.notify("new conversation", timeout=2)
+
+    def action_keys_help(self) -> None:
+        self.push_screen(HelpScreen(self.keys_in_effect))
 
     def action_history(self) -> None:
         self.push_screen(HistoryScreen(self.store, current_id=self.conversation_id), self._open_from_history)

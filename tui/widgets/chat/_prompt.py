@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.message import Message
 from textual.widgets import TextArea
+
+from llmchat.tui.keys import binding
 
 
 class PromptInput(TextArea):
@@ -28,15 +30,8 @@ class PromptInput(TextArea):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "send", "Send", id="prompt.send", priority=True),
-        Binding(
-            "shift+enter,ctrl+j,alt+enter",
-            "newline",
-            "New line",
-            id="prompt.newline",
-            priority=True,
-            show=False,
-        ),
+        binding("prompt.send", "send", priority=True),
+        binding("prompt.newline", "newline", priority=True, show=False),
     ]
 
     class Submitted(Message):
