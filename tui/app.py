@@ -11,13 +11,14 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import WorkerState
 
@@ -35,6 +36,7 @@ from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Sta
 from llmchat.tui.widgets.hud import Hud
 
 NARROW = 100  # columns under which the HUD folds away by itself
+W = TypeVar("W", bound=Widget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +143,11 @@ class ChatApp(App[None]):
         self.query_one("#badge", Static).update(self._badge_text())
 
     def on_chat_message_render_lag(self, event: ChatMessage.RenderLag) -> None:
-        # Painting time is the terminal's, not the network's: the HUD shows it on a line of its own.
-        self.query_one(Hud).metrics.observe_render_lag(event.ms)
+        # Painting time is the terminal's, not the network's: the HUD shows it on a line of its own. The last
+        # frame of a reply can report while exit is taking the widgets down: then there is no HUD to tell.
+        hud = self._on_main_screen(Hud)
+        if hud is not None:
+            hud.metrics.observe_render_lag(event.ms)
 
     def _badge_text(self) -> str:
         ep = self.client.endpoint
@@ -193,12 +198,25 @@ class ChatApp(App[None]):
         hud = self.query_one(Hud)
         hud.display = self.show_hud and width >= NARROW
 
+    @property
+    def _screen_up(self) -> bool:
+        """The main screen is mounted: not before start-up (on_mount applies the state then) nor after exit.
+        ``App.is_mounted`` is a method taking a widget, so as a bare guard it would always be true."""
+        stack = self.screen_stack
+        return bool(stack) and stack[0].is_mounted
+
+    def _on_main_screen(self, kind: type[W]) -> W | None:
+        """The main screen's widget of that type; None before start-up, or once exit has removed it."""
+        if not self._screen_up:
+            return None
+        return next(iter(self.screen_stack[0].query(kind)), None)
+
     def watch_show_hud(self, _value: bool) -> None:
-        if self.is_mounted:
+        if self._screen_up:
             self._apply_hud_visibility(self.size.width)
 
     def watch_stream_mode(self, value: bool) -> None:
-        if not self.is_mounted:
+        if not self._screen_up:
             return
         self.query_one("#badge", Static).update(self._badge_text())
         self.query_one(Hud).mode = "stream" if value else "batch"
