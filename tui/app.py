@@ -13,21 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Footer, Static
-from textual.worker import WorkerState
+from textual.worker import Worker, WorkerState
 
 from llmchat.core import APIError, ChatClient, Settings, UsageError, Warmer
 from llmchat.core._history import HistoryStore
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
-from llmchat.tui.keys import binding, effective_keys
+from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
@@ -130,7 +130,8 @@ class ChatApp(App[None]):
             with Vertical(id="chat"):
                 yield Static(self._badge_text(), id="badge")
                 yield Conversation(id="conversation")
-                yield PromptInput(id="prompt")
+                yield PromptInput(id="prompt", send_keys=self.keys_in_effect["prompt.send"],
+                                  newline_keys=self.keys_in_effect["prompt.newline"], hold_on_send=True)
             yield Hud(bus=self.client.bus, ui=self.settings.ui, id="hud")
         yield Footer()
 
@@ -229,6 +230,25 @@ class ChatApp(App[None]):
         return any(
             w.group == "reply" and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers
         )
+
+    @on(Worker.StateChanged)
+    def _reply_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group == "reply":
+            self._hold_prompt()
+
+    def _hold_prompt(self) -> None:
+        # Held exactly while a reply is in flight. A worker posts its state change as it changes state, so
+        # keys that reach the app after a reply ended find the prompt released.
+        prompt = self._on_main_screen(PromptInput)
+        if prompt is not None:
+            prompt.held = self.replying
+
+    def on_prompt_input_held(self, _event: PromptInput.Held) -> None:
+        self._say_reply_coming()
+
+    def _say_reply_coming(self) -> None:
+        cancel = key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
+        self.notify(f"a reply is still coming; {cancel} cancels it", severity="warning")
 
     # -- actions -------------------------------------------------------------------------------------------
     def action_toggle_mode(self) -> None:
@@ -363,8 +383,9 @@ class ChatApp(App[None]):
         if not text:
             return
         if self.replying:
+            # Only a Submitted posted by other code: the prompt holds itself while a reply is in flight.
             self.query_one(PromptInput).restore(event.text)
-            self.notify("a reply is still coming; Esc cancels it", severity="warning")
+            self._say_reply_coming()
             return
         if self.conversation_id is None:
             self.conversation_id = await self.store.new_conversation(
@@ -378,6 +399,7 @@ class ChatApp(App[None]):
         reply = view.add_assistant()
         self._last_reply = reply
         self._reply(text, reply, self.stream_mode)
+        self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
 
     @work(exclusive=True, group="reply")
     async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:
