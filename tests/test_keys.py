@@ -25,6 +25,7 @@ from llmchat.tui.app import ChatApp
 from llmchat.tui.cli import main
 from llmchat.tui.keys import BY_ID, REGISTRY, check_keymap, effective_keys, key_label, key_names
 from llmchat.tui.screens.help import HelpScreen
+from llmchat.tui.screens.history import HistoryScreen
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,9 +170,23 @@ async def test_f1_lists_every_binding_with_the_key_in_effect(
         assert str(rows["prompt.send"][0]) == "Ctrl+S" and str(rows["history.open"][0]) == "Ctrl+O"
         assert str(rows["help.close"][0]) == "q"
         assert rows["prompt.send"][2] == BY_ID["prompt.send"].help
+        await pilot.press("escape")  # moved: Esc is no longer this screen's close key, nor the app's
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
         await pilot.press("q")
         await _until(pilot, lambda: app.screen is app.screen_stack[0])
-        await pilot.press("f1")
-        await _until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        await pilot.press("escape")  # the app's Esc closes a modal too
+
+
+async def test_over_a_modal_esc_is_the_modals_own(local_server: RunningServer, tmp_path: Path) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await app.store.new_conversation(system_prompt="", provider="local", model="m")
+        await pilot.press("ctrl+o")
+        await _until(pilot, lambda: isinstance(app.screen, HistoryScreen) and app.screen.loaded)
+        await pilot.press("r", "x")
+        await _until(pilot, lambda: app.screen.mode == "rename")  # type: ignore[attr-defined]
+        await pilot.press("escape")  # backs out of the rename; the list stays
+        await _until(pilot, lambda: app.screen.mode == "list")  # type: ignore[attr-defined]
+        assert isinstance(app.screen, HistoryScreen)
+        await pilot.press("escape")
         await _until(pilot, lambda: app.screen is app.screen_stack[0])

@@ -76,7 +76,7 @@ class ChatApp(App[None]):
     # Keys, labels and ids come from the registry (tui/keys.py), which [keymap] is checked against.
     BINDINGS: ClassVar[list[BindingType]] = [
         binding("mode.toggle", "toggle_mode"),
-        binding("reply.cancel", "cancel_reply", priority=True),
+        binding("reply.cancel", "cancel_reply"),
         binding("hud.toggle", "toggle_hud"),
         binding("hud.charts", "hud_detail"),
         binding("copy.reply", "copy_reply"),
@@ -262,9 +262,8 @@ class ChatApp(App[None]):
         self.query_one(Hud).action_detail()
 
     def action_cancel_reply(self) -> None:
-        if self.screen is not self.screen_stack[0]:
-            self.screen.dismiss(None)  # Esc closes a modal first
-            return
+        # Not a priority binding: over a modal, Esc is the modal's own (a rename backs out before the list
+        # closes), and app bindings do not reach into a modal.
         if self.replying:
             self.workers.cancel_group(self, "reply")
 
