@@ -219,4 +219,5 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     log: LogSettings = field(default_factory=LogSettings)
     keymap: dict[str, str] = field(default_factory=dict)
-    """Key binding id = keys, for example send = "ctrl+s"; see the ids in the app's help."""
+    """Key binding id = keys, for example "prompt.send" = "ctrl+s" (quoted: ids hold dots); F1 in the app
+    lists every id with its key, and an unknown id or key is an error naming the closest id."""

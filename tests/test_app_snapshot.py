@@ -27,9 +27,9 @@ print("héllo, 世界 🚀")
 """
 
 
-def _app(tmp_path: Path) -> ChatApp:
+def _app(tmp_path: Path, keymap: dict[str, str] | None = None) -> ChatApp:
     settings = replace(Settings(), http=replace(HttpSettings(), warmup=False),
-                       cache=CacheSettings(path=str(tmp_path / "cache")))
+                       cache=CacheSettings(path=str(tmp_path / "cache")), keymap=keymap or {})
     # Port 9 (discard) on loopback: nothing is sent, the badge and HUD just need a stable address.
     client = ChatClient(settings, base_url="http://127.0.0.1:9/v1", model="llmchat-local", http2="h2c")
     return make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
@@ -50,3 +50,9 @@ def test_main_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-u
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(150, 44), run_before=fill)
+
+
+def test_help_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
+    app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
+    assert snap_compare(app, terminal_size=(120, 46), press=["f1"])

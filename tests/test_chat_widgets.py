@@ -62,6 +62,7 @@ class ChatApp(App[None]):
         self.lags: list[float] = []
         self.lag_posted = asyncio.Event()
         self.submitted: list[str] = []
+        self.refused = 0
 
     def compose(self) -> ComposeResult:
         yield Conversation()
@@ -73,6 +74,9 @@ class ChatApp(App[None]):
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         self.submitted.append(event.text)
+
+    def on_prompt_input_held(self, event: PromptInput.Held) -> None:
+        self.refused += 1
 
     async def next_frame(self) -> None:
         """Wait until a reply reports a painted frame."""
@@ -447,14 +451,27 @@ async def test_enter_sends_and_the_newline_keys_do_not() -> None:
         assert app.submitted == ["hi", "a\nb\nc\nd"]
 
 
-async def test_the_prompt_bindings_can_be_remapped_by_id() -> None:
+async def test_the_prompt_acts_on_the_keys_it_is_given() -> None:
     app = ChatApp()
     async with app.run_test(size=(60, 20)) as pilot:
         prompt = app.query_one(PromptInput)
         prompt.focus()
-        app.set_keymap({"prompt.send": "ctrl+s"})
-        await pilot.press("x", "enter", "y", "ctrl+s")
-        assert app.submitted == ["x\ny"]
+        prompt.use_keys(send="ctrl+s", newline="ctrl+j,question_mark")
+        await pilot.press("x", "enter", "y", "?", "z", "ctrl+s")
+        assert app.submitted == ["x\ny\nz"]
+
+
+async def test_a_held_prompt_keeps_its_text_and_says_so() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.hold_on_send = True
+        await pilot.press("a", "enter", "b", "enter")
+        assert app.submitted == ["a"] and prompt.text == "b" and prompt.held and app.refused == 1
+        prompt.held = False
+        await pilot.press("enter")
+        assert app.submitted == ["a", "b"] and prompt.text == ""
 
 
 async def test_restore_puts_the_prompt_back_after_an_error() -> None:

@@ -164,7 +164,7 @@ async def test_keys_follow_the_keymap(store: HistoryStore) -> None:
     ids = await _fill(store)
     app = HistoryApp(store)
     async with app.run_test() as pilot:
-        app.set_keymap({"history.delete": "x", "history.confirm": "j", "history.open": "o"})
+        app.set_keymap({"history.delete": "x", "history.confirm": "j", "history.resume": "o"})
         await settled(app, pilot)
         await pilot.press("d", "x", "j")
         await settled(app, pilot)

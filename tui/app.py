@@ -11,28 +11,32 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Footer, Static
-from textual.worker import WorkerState
+from textual.worker import Worker, WorkerState
 
 from llmchat.core import APIError, ChatClient, ServerSignals, Settings, UsageError, Warmer
 from llmchat.core._history import HistoryStore
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
+from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
 from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
 from llmchat.tui.widgets.hud import Hud
 
 NARROW = 100  # columns under which the HUD folds away by itself
+W = TypeVar("W", bound=Widget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +73,18 @@ class ChatApp(App[None]):
     TITLE = "llmchat"
     COMMANDS = App.COMMANDS | {ProviderCommands}
 
+    # Keys, labels and ids come from the registry (tui/keys.py), which [keymap] is checked against.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+b", "toggle_mode", "Stream/Batch", id="mode.toggle"),
-        Binding("escape", "cancel_reply", "Cancel", id="reply.cancel", priority=True),
-        Binding("f2", "toggle_hud", "HUD", id="hud.toggle"),
-        Binding("f5", "hud_detail", "Charts", id="hud.charts"),
-        # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
-        Binding("f3", "copy_reply", "Copy reply", id="copy.reply"),
-        Binding("f4", "copy_code", "Copy code", id="copy.code"),
-        Binding("ctrl+o", "history", "History", id="history.open"),
-        Binding("ctrl+n", "new_conversation", "New", id="conversation.new"),
-        Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+        binding("mode.toggle", "toggle_mode"),
+        binding("reply.cancel", "cancel_reply"),
+        binding("hud.toggle", "toggle_hud"),
+        binding("hud.charts", "hud_detail"),
+        binding("copy.reply", "copy_reply"),
+        binding("copy.code", "copy_code"),
+        binding("history.open", "history"),
+        binding("conversation.new", "new_conversation"),
+        binding("help.open", "keys_help"),
+        binding("app.quit", "quit", priority=True),
     ]
 
     stream_mode: reactive[bool] = reactive(True)
@@ -115,6 +120,8 @@ class ChatApp(App[None]):
         """Cold-start baselines across runs and the providers' metrics pollers (from mount to unmount)."""
         self._observers: list[Any] = []
         self._last_reply: ChatMessage | None = None
+        self.keys_in_effect = effective_keys(settings.keymap)
+        """Each binding id's keys, [keymap] over the registry's defaults (checked before the app starts)."""
         # Initial values without running the watchers: nothing is mounted yet.
         self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
         self.set_reactive(ChatApp.show_hud, settings.ui.show_hud)
@@ -127,7 +134,8 @@ class ChatApp(App[None]):
             with Vertical(id="chat"):
                 yield Static(self._badge_text(), id="badge")
                 yield Conversation(id="conversation")
-                yield PromptInput(id="prompt")
+                yield PromptInput(id="prompt", send_keys=self.keys_in_effect["prompt.send"],
+                                  newline_keys=self.keys_in_effect["prompt.newline"], hold_on_send=True)
             yield Hud(bus=self.client.bus, ui=self.settings.ui, id="hud")
         yield Footer()
 
@@ -140,8 +148,11 @@ class ChatApp(App[None]):
         self.query_one("#badge", Static).update(self._badge_text())
 
     def on_chat_message_render_lag(self, event: ChatMessage.RenderLag) -> None:
-        # Painting time is the terminal's, not the network's: the HUD shows it on a line of its own.
-        self.query_one(Hud).metrics.observe_render_lag(event.ms)
+        # Painting time is the terminal's, not the network's: the HUD shows it on a line of its own. The last
+        # frame of a reply can report while exit is taking the widgets down: then there is no HUD to tell.
+        hud = self._on_main_screen(Hud)
+        if hud is not None:
+            hud.metrics.observe_render_lag(event.ms)
 
     def _badge_text(self) -> str:
         ep = self.client.endpoint
@@ -203,12 +214,25 @@ class ChatApp(App[None]):
         hud = self.query_one(Hud)
         hud.display = self.show_hud and width >= NARROW
 
+    @property
+    def _screen_up(self) -> bool:
+        """The main screen is mounted: not before start-up (on_mount applies the state then) nor after exit.
+        ``App.is_mounted`` is a method taking a widget, so as a bare guard it would always be true."""
+        stack = self.screen_stack
+        return bool(stack) and stack[0].is_mounted
+
+    def _on_main_screen(self, kind: type[W]) -> W | None:
+        """The main screen's widget of that type; None before start-up, or once exit has removed it."""
+        if not self._screen_up:
+            return None
+        return next(iter(self.screen_stack[0].query(kind)), None)
+
     def watch_show_hud(self, _value: bool) -> None:
-        if self.is_mounted:
+        if self._screen_up:
             self._apply_hud_visibility(self.size.width)
 
     def watch_stream_mode(self, value: bool) -> None:
-        if not self.is_mounted:
+        if not self._screen_up:
             return
         self.query_one("#badge", Static).update(self._badge_text())
         self.query_one(Hud).mode = "stream" if value else "batch"
@@ -222,6 +246,25 @@ class ChatApp(App[None]):
             w.group == "reply" and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers
         )
 
+    @on(Worker.StateChanged)
+    def _reply_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group == "reply":
+            self._hold_prompt()
+
+    def _hold_prompt(self) -> None:
+        # Held exactly while a reply is in flight. A worker posts its state change as it changes state, so
+        # keys that reach the app after a reply ended find the prompt released.
+        prompt = self._on_main_screen(PromptInput)
+        if prompt is not None:
+            prompt.held = self.replying
+
+    def on_prompt_input_held(self, _event: PromptInput.Held) -> None:
+        self._say_reply_coming()
+
+    def _say_reply_coming(self) -> None:
+        cancel = key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
+        self.notify(f"a reply is still coming; {cancel} cancels it", severity="warning")
+
     # -- actions -------------------------------------------------------------------------------------------
     def action_toggle_mode(self) -> None:
         self.stream_mode = not self.stream_mode
@@ -234,9 +277,8 @@ class ChatApp(App[None]):
         self.query_one(Hud).action_detail()
 
     def action_cancel_reply(self) -> None:
-        if self.screen is not self.screen_stack[0]:
-            self.screen.dismiss(None)  # Esc closes a modal first
-            return
+        # Not a priority binding: over a modal, Esc is the modal's own (a rename backs out before the list
+        # closes), and app bindings do not reach into a modal.
         if self.replying:
             self.workers.cancel_group(self, "reply")
 
@@ -264,6 +306,9 @@ class ChatApp(App[None]):
         await self.query_one(Conversation).clear()
         self._last_reply = None
         self.notify("new conversation", timeout=2)
+
+    def action_keys_help(self) -> None:
+        self.push_screen(HelpScreen(self.keys_in_effect))
 
     def action_history(self) -> None:
         self.push_screen(HistoryScreen(self.store, current_id=self.conversation_id), self._open_from_history)
@@ -354,8 +399,9 @@ class ChatApp(App[None]):
         if not text:
             return
         if self.replying:
+            # Only a Submitted posted by other code: the prompt holds itself while a reply is in flight.
             self.query_one(PromptInput).restore(event.text)
-            self.notify("a reply is still coming; Esc cancels it", severity="warning")
+            self._say_reply_coming()
             return
         if self.conversation_id is None:
             self.conversation_id = await self.store.new_conversation(
@@ -369,6 +415,7 @@ class ChatApp(App[None]):
         reply = view.add_assistant()
         self._last_reply = reply
         self._reply(text, reply, self.stream_mode)
+        self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
 
     @work(exclusive=True, group="reply")
     async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:

@@ -14,7 +14,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.content import Content
 from textual.css.query import NoMatches
@@ -24,6 +24,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from llmchat.core._history import ConversationInfo, HistoryError, HistoryStore
+from llmchat.tui.keys import binding
 
 
 def when(wall: float, now: float) -> str:
@@ -39,8 +40,9 @@ def when(wall: float, now: float) -> str:
 class HistoryScreen(ModalScreen[int | None]):
     """A modal list of conversations. Enter opens, r renames, d deletes (after a yes), Esc closes.
 
-    The keys are bindings with ids (``history.open``, ``history.rename``, ``history.delete``,
-    ``history.confirm``, ``history.keep``, ``history.close``) so the app's keymap can move them.
+    The keys are bindings with ids from the registry (``history.resume``, ``history.rename``,
+    ``history.delete``, ``history.confirm``, ``history.keep``, ``history.close``) so the app's keymap can move
+    them; ``history.open`` is the app's key that opens this screen.
     """
 
     DEFAULT_CSS = """
@@ -69,12 +71,12 @@ class HistoryScreen(ModalScreen[int | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         # Priority, so the footer shows it over the table's own hidden Enter; hidden outside the list, the key
         # then falls through to the rename Input.
-        Binding("enter", "open", "Open", id="history.open", priority=True),
-        Binding("r", "rename", "Rename", id="history.rename"),
-        Binding("d", "delete", "Delete", id="history.delete"),
-        Binding("y", "confirm", "Yes, delete", id="history.confirm"),
-        Binding("n", "keep", "Keep", id="history.keep"),
-        Binding("escape", "close", "Close", id="history.close"),
+        binding("history.resume", "open", priority=True),
+        binding("history.rename", "rename"),
+        binding("history.delete", "delete"),
+        binding("history.confirm", "confirm"),
+        binding("history.keep", "keep"),
+        binding("history.close", "close"),
     ]
 
     #: "list" to browse, "rename" while the title input is open, "confirm" while a delete waits for a yes.

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
+
+from llmchat.tui.keys import binding
 
 
 class TextInputScreen(ModalScreen[str | None]):
@@ -15,7 +20,7 @@ class TextInputScreen(ModalScreen[str | None]):
     TextInputScreen { align: center middle; }
     TextInputScreen > Vertical { width: 70%; height: auto; border: round $accent; padding: 1 2; background: $panel; }
     """
-    BINDINGS = [("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [binding("input.cancel", "cancel")]
 
     def __init__(self, title: str, value: str = "") -> None:
         super().__init__()

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from textual.binding import Binding, BindingType
+from textual import events
+from textual.binding import BindingType
 from textual.message import Message
 from textual.widgets import TextArea
+
+from llmchat.tui.keys import BY_ID, binding, key_label, key_names
 
 
 class PromptInput(TextArea):
     """Multi-line input for the next prompt.
 
-    TextArea inserts a newline on Enter from its key handler, which runs before ordinary bindings;
-    these bindings are priority bindings so Enter reaches ``send`` first. Both carry ids, so an app
-    keymap can move them (``App.set_keymap({"prompt.send": "ctrl+s"})``). Many terminals never
-    report Shift+Enter, and without the kitty keyboard protocol Alt+Enter arrives as plain Enter;
-    Ctrl+J works everywhere.
+    Send and new line are handled by the prompt's own key handler, in the order the keys arrived. A terminal
+    delivers a typed line and its Enter in one burst (fast typing, a paste without bracketed paste, tmux or
+    ssh, a busy loop); a priority binding would run at the App before this widget had applied the keys queued
+    ahead of Enter, and a plain binding after the key bubbled up, when keys typed after Enter may be in.
+
+    The keys it acts on are ``send_keys`` and ``newline_keys`` (Textual key strings; :meth:`use_keys` changes
+    them); ChatApp passes those of ``[keymap]``. The bindings below carry the same ids for the footer, so an
+    app's ``set_keymap`` moves what the footer shows. Many terminals never report Shift+Enter, and without the
+    kitty keyboard protocol Alt+Enter arrives as plain Enter; Ctrl+J works everywhere.
+
+    While :attr:`held` is set (an app sets it while a reply is in flight) sending leaves the text where it is
+    and posts :class:`Held` instead. With ``hold_on_send`` the prompt holds itself the moment it sends, until
+    the app says otherwise: a second Enter in the same burst cannot clear the input before the app has even
+    seen the first.
     """
 
     DEFAULT_CSS = """
@@ -28,15 +40,8 @@ class PromptInput(TextArea):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "send", "Send", id="prompt.send", priority=True),
-        Binding(
-            "shift+enter,ctrl+j,alt+enter",
-            "newline",
-            "New line",
-            id="prompt.newline",
-            priority=True,
-            show=False,
-        ),
+        binding("prompt.send", "send"),
+        binding("prompt.newline", "newline", show=False),
     ]
 
     class Submitted(Message):
@@ -54,11 +59,26 @@ class PromptInput(TextArea):
             """The input the text came from."""
             return self.prompt_input
 
+    class Held(Message):
+        """The user pressed send while the prompt was held; the text is still in the input."""
+
+        def __init__(self, prompt_input: PromptInput) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+
+        @property
+        def control(self) -> PromptInput:
+            """The input that was held."""
+            return self.prompt_input
+
     def __init__(
         self,
         text: str = "",
         *,
-        placeholder: str = "Ask anything · Enter sends · Ctrl+J new line",
+        placeholder: str | None = None,
+        send_keys: str = BY_ID["prompt.send"].keys,
+        newline_keys: str = BY_ID["prompt.newline"].keys,
+        hold_on_send: bool = False,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -67,17 +87,57 @@ class PromptInput(TextArea):
             text,
             soft_wrap=True,
             tab_behavior="focus",
-            placeholder=placeholder,
+            placeholder=placeholder or "",
             name=name,
             id=id,
             classes=classes,
         )
+        self.held = False
+        """While True, send keeps the text and posts Held."""
+        self.hold_on_send = hold_on_send
+        """Set ``held`` on each send (the app clears it)."""
+        self._send_keys: tuple[str, ...] = ()
+        self._newline_keys: tuple[str, ...] = ()
+        # Without a placeholder of its own the prompt names the keys it acts on, and follows them.
+        self._own_placeholder = placeholder is None
+        self.use_keys(send=send_keys, newline=newline_keys)
+
+    def use_keys(self, *, send: str | None = None, newline: str | None = None) -> None:
+        """Act on these keys (Textual key strings such as ``"ctrl+s"`` or ``"enter,ctrl+m"``) from now on;
+        None keeps the current ones. A key in both sends."""
+        if send is not None:
+            self._send_keys = key_names(send)
+        if newline is not None:
+            self._newline_keys = key_names(newline)
+        if self._own_placeholder:
+            # Ctrl+J by preference: it is the one new-line key every terminal reports.
+            newline_key = "ctrl+j" if "ctrl+j" in self._newline_keys else self._newline_keys[0]
+            send_key = key_label(self._send_keys[0])
+            self.placeholder = f"Ask anything · {send_key} sends · {key_label(newline_key)} new line"
+
+    def on_key(self, event: events.Key) -> None:
+        # Dispatch runs this before TextArea._on_key (the MRO, subclass first): prevent_default skips that
+        # one, stop keeps the key from bubbling up to a binding.
+        if event.key in self._send_keys:
+            action = self.action_send
+        elif event.key in self._newline_keys:
+            action = self.action_newline
+        else:
+            return
+        event.stop()
+        event.prevent_default()
+        action()
 
     def action_send(self) -> None:
-        """Post ``Submitted`` with the text and clear the input; nothing happens for blank text."""
+        """Post ``Submitted`` with the text and clear the input; nothing happens for blank text. While held,
+        the text stays and ``Held`` is posted."""
         text = self.text
         if not text.strip():
             return
+        if self.held:
+            self.post_message(self.Held(self))
+            return
+        self.held = self.hold_on_send
         self.clear()
         self.post_message(self.Submitted(self, text))
 

@@ -80,7 +80,7 @@ class HudDetail(ModalScreen[None]):
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="hud.detail.close"),
-        Binding("d", "close", "Close", show=False),
+        Binding("d", "close", "Close", show=False, id="hud.detail.close"),
     ]
 
     def __init__(self, metrics: Metrics) -> None:
