@@ -5,16 +5,22 @@
 - ``tls_server``: the same over https with a self-signed certificate; ``.cert_path`` is the PEM to trust.
 - ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings
   (ServerSettings field names, ``profile`` included; the port defaults to 0); all are closed at teardown.
+- ``terminals``: the installed ``llmchat`` in pseudo-terminals read by a terminal emulator
+  (tests/terminal.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import peers as P
 import pytest
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
+
+if TYPE_CHECKING:
+    from terminal import TerminalSession
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +73,14 @@ def peer() -> Iterator[Callable[..., P.Peer]]:
     yield make
     for p in made:
         p.close()
+
+
+@pytest.fixture
+def terminals(tmp_path: Path) -> Iterator[TerminalSession]:
+    """A TerminalSession (tests/terminal.py): the installed `llmchat` in pseudo-terminals read by pyte, with
+    XDG folders of its own under tmp_path; every terminal is closed and its processes reaped at teardown."""
+    from terminal import TerminalSession
+
+    session = TerminalSession(tmp_path / "xdg")
+    yield session
+    session.close()

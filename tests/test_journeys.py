@@ -1,0 +1,383 @@
+"""User journeys through the installed `llmchat` in a real pseudo-terminal, its screen read by pyte.
+
+Pilot hands the app one key at a time; a terminal hands it whatever arrived in one read. These journeys type
+the way terminals deliver it (tests/terminal.py): a whole prompt and its Enter in one write, a bracketed paste
+and Enter, keys typed while a reply streams, Esc, Ctrl+B, Ctrl+Q. Each asserts on what the screen shows and on
+what the history file holds (read-only, straight from SQLite). Where a step is not the point of the journey,
+it is typed as a person types it: the text, then Enter once the text shows in the input.
+
+The servers are `llmchat serve` child processes on 127.0.0.1 with isolated config: ``quick`` answers at once
+with a one-block reply (so a whole conversation fits on the screen), ``slow`` streams for about half a minute
+(so a reply is still streaming when the journey needs it to be). Journeys reach them through a provider in the
+isolated config file, as a user would configure one, except the two that test ``--base-url`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from terminal import PASTE_END, PASTE_START, Terminal, TerminalSession, group_alive
+
+from llmchat.core.server import start_subprocess
+from llmchat.core.server._subprocess import SubprocessServer
+
+#: Bounds. Start-up covers a cold interpreter and, offline, the local server's own start on a busy 2-core box.
+START_S = 30.0
+REPLY_S = 15.0
+OFFLINE_REPLY_S = 30.0  # the offline default streams ~300 tokens at ~70 tokens/s
+STEP_S = 10.0
+
+PLACEHOLDER = "Ask anything"
+HUD_EDGE = "▏"  # the HUD's left border: everything left of it is the chat column
+STILL_COMING = "a reply is still coming"
+
+
+# -- servers -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
+    """Answers at once; a reply is one block (heading, a line that echoes the prompt, two sentences)."""
+    with _serve(tmp_path_factory, ["--profile", "instant"], LLMCHAT_SERVER__DEFAULT_MAX_TOKENS="24") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
+    """Streams ~300 tokens at 12 tokens/s: still streaming half a minute after the first token. Not
+    ``--profile slow``: its 9 s cold start would only make every journey wait."""
+    with _serve(tmp_path_factory, ["--ttft-ms", "200", "--tokens-per-s", "12"]) as server:
+        yield server
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, flags: list[str], **env: str) -> SubprocessServer:
+    # start_subprocess hands the child this process's environment: give it an empty config of its own
+    # (module fixtures run before conftest's per-test isolation) and the [server] keys the flags lack.
+    with pytest.MonkeyPatch.context() as mp:
+        for var in os.environ:
+            if var.startswith(("OPENAI_", "LLMCHAT_")):
+                mp.delenv(var)
+        mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("serve-config")))
+        for var, value in env.items():
+            mp.setenv(var, value)
+        return start_subprocess(flags)
+
+
+def provider_config(server: SubprocessServer, extra: str = "") -> str:
+    """A config file with one provider, llmchat's own server (which speaks h2c), as README shows."""
+    return f'[providers.local]\nbase_url = "{server.base_url}"\nhttp = {{ http2 = "h2c" }}\n{extra}'
+
+
+# -- the history file ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Stored:
+    conversation: int
+    role: str
+    content: str
+    status: str
+    mode: str
+    provider: str
+    record: dict[str, Any] | None
+
+
+def stored(path: Path) -> list[Stored]:
+    """Every message in the history file, in the order saved; [] before the file exists. Read-only."""
+    if not path.exists():
+        return []
+    with closing(sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, timeout=5)) as db:
+        rows = db.execute("SELECT conversation_id, role, content, status, mode, provider, record "
+                          "FROM messages ORDER BY id").fetchall()
+    return [Stored(*row[:6], json.loads(row[6]) if row[6] else None) for row in rows]
+
+
+def prompts(path: Path) -> list[str]:
+    return [m.content for m in stored(path) if m.role == "user"]
+
+
+def wait_stored(t: Terminal, path: Path, check: Callable[[list[Stored]], bool], what: str,
+                timeout: float = REPLY_S) -> list[Stored]:
+    """Wait until ``check`` holds for the history; the messages then. On timeout the AssertionError carries
+    the last screen and what the history held."""
+    found: list[Stored] = []
+
+    def holds(_screen: str) -> bool:
+        found[:] = stored(path)
+        return check(found)
+
+    try:
+        t.wait_for(holds, timeout, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe history holds: {_brief(stored(path))}") from None
+    return found
+
+
+def sent(n: int) -> Callable[[list[Stored]], bool]:
+    """``n`` prompts stored (the app saves a prompt before its request goes out)."""
+    return lambda messages: sum(m.role == "user" for m in messages) == n
+
+
+def replies_ended(n: int) -> Callable[[list[Stored]], bool]:
+    """``n`` prompts stored, each followed by a reply that is no longer streaming."""
+    def check(messages: list[Stored]) -> bool:
+        users = [m for m in messages if m.role == "user"]
+        ended = [m for m in messages if m.role == "assistant" and m.status != "streaming"]
+        return len(users) == n and len(ended) == n
+    return check
+
+
+def _brief(messages: list[Stored]) -> str:
+    return "; ".join(f"{m.role} {m.status}: {m.content[:60]!r}" for m in messages) or "nothing"
+
+
+# -- the screen ----------------------------------------------------------------------------------------------
+def chat_column(screen: str) -> list[str]:
+    return [line.partition(HUD_EDGE)[0].rstrip() for line in screen.splitlines()]
+
+
+def badge(screen: str) -> str:
+    """The line above the conversation: where answers come from, the model, stream or batch."""
+    return chat_column(screen)[0].strip()
+
+
+def prompt_input(screen: str) -> str:
+    """What the prompt input holds ("" when it shows its placeholder): the rows inside its ▊ ... ▎ frame,
+    up to a notification drawn over its right end (behind its own ▌ bar)."""
+    rows = [re.split("[▎▌]", line[1:], maxsplit=1)[0].strip() for line in chat_column(screen)
+            if line.startswith("▊") and not line.startswith(("▊▔", "▊▁"))]
+    text = "\n".join(rows)
+    return "" if text.startswith(PLACEHOLDER) else text
+
+
+def user_rows(screen: str) -> list[str]:
+    """The rows of the user's messages in the conversation, each drawn behind a ▌ bar and one space."""
+    return [line[2:] for line in chat_column(screen) if line.startswith("▌")]
+
+
+def letters(text: str) -> str:
+    """Only the word characters: what Markdown rendering, wrapping and table borders leave alone."""
+    return "".join(re.findall(r"\w", text))
+
+
+def shows(screen: str, content: str, tail: int = 0) -> bool:
+    """The chat column shows ``content`` (its last ``tail`` word characters, or all), as rendered."""
+    want = letters(content)
+    return (want[-tail:] if tail else want) in letters("\n".join(chat_column(screen)))
+
+
+def start_ready(terminals: TerminalSession, *args: str) -> Terminal:
+    """Start ``llmchat *args`` and wait until the prompt has the focus (its Send key is in the footer)."""
+    t = terminals.start(*args)
+    t.wait_for(lambda s: "⏎ Send" in s and PLACEHOLDER in s, START_S, what="the app ready for a prompt")
+    return t
+
+
+def start_with(terminals: TerminalSession, server: SubprocessServer, extra_config: str = "") -> Terminal:
+    """Start ``llmchat`` with ``server`` as its one configured provider, ready for a prompt."""
+    terminals.write_config(provider_config(server, extra_config))
+    return start_ready(terminals)
+
+
+def start_streaming(terminals: TerminalSession, server: SubprocessServer, prompt: str) -> Terminal:
+    """Start ``llmchat`` against ``server``, send ``prompt`` and return once its reply is streaming."""
+    t = start_with(terminals, server)
+    type_prompt(t, prompt)
+    t.wait_for("You asked", REPLY_S, what="the reply streaming")
+    return t
+
+
+def type_prompt(t: Terminal, text: str) -> None:
+    """Type ``text`` as a person does: the text, then Enter once the text shows in the input."""
+    t.write(text)
+    t.wait_for(lambda s: prompt_input(s) == text, STEP_S, what=f"{text!r} in the input")
+    t.press("enter")
+
+
+def quit_app(t: Terminal) -> None:
+    t.press("ctrl+q")
+    assert t.wait_exit() == 0, t.dump()
+
+
+# -- journeys ------------------------------------------------------------------------------------------------
+def test_first_launch_offline_answers_from_the_local_server_it_started(terminals: TerminalSession) -> None:
+    t = start_ready(terminals)
+    assert badge(t.screen_text()) == "local server (offline demo) · llmchat-local · stream", t.dump()
+
+    prompt = "What does time to first token measure?"
+    type_prompt(t, prompt)
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply to end", OFFLINE_REPLY_S)
+    user, reply = messages
+    assert (user.role, user.content) == ("user", prompt)
+    assert (reply.role, reply.status, reply.mode, reply.provider) == ("assistant", "done", "stream", "local")
+    assert reply.record is not None and reply.record["http_version"] == "HTTP/2"  # h2c to its own server
+    assert f"You asked: *{prompt}*" in reply.content
+    screen = t.wait_for(lambda s: "llmchat-local · HTTP/2 · TTFT" in s and "requests 1 · in flight 0" in s,
+                        STEP_S, what="the reply's timing line and the HUD counting it")
+    assert prompt in user_rows(screen), t.dump()
+    assert shows(screen, reply.content, tail=60), t.dump()  # the end of the reply, as streamed
+
+    quit_app(t)
+    assert t.process is not None
+    assert not group_alive(t.process.pid)  # the app stopped the local server it started before it ended
+
+
+@pytest.mark.parametrize(("burst", "prompt"), [
+    pytest.param("Explain why HTTP/2 multiplexing helps a chat client\r",
+                 "Explain why HTTP/2 multiplexing helps a chat client", id="long-prompt-and-enter"),
+    pytest.param("Tell me about latency\r", "Tell me about latency", id="short-prompt-and-enter"),
+    pytest.param(PASTE_START + "Review this function:\ndef double(x):\n    return x * 2" + PASTE_END + "\r",
+                 "Review this function:\ndef double(x):\n    return x * 2", id="paste-and-enter"),
+])
+def test_a_prompt_and_its_enter_in_one_read_arrive_whole(
+    terminals: TerminalSession, quick: SubprocessServer, burst: str, prompt: str
+) -> None:
+    t = start_with(terminals, quick)
+    t.write(burst)  # one write: the app reads text and Enter together, as after a fast typist or a paste
+    wait_stored(t, terminals.history_path, sent(1), "the prompt sent", STEP_S)
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply")
+    assert messages[0].content == prompt, f"the prompt arrived cut\n{t.dump()}"
+    screen = t.wait_for(lambda s: prompt_input(s) == "" and shows(s, messages[1].content), STEP_S,
+                        what="the input emptied and the reply on screen")
+    assert user_rows(screen) == prompt.splitlines(), t.dump()
+
+
+TEN = [
+    "What is TTFB?",
+    "And TTFT?",
+    "Why does HTTP/2 need only one connection?",
+    "How does a connection pool fill up?",
+    "When should a client retry a 429?",
+    "What is full jitter?",
+    "Which replies may a cache keep?",
+    "How is tokens per second measured?",
+    "What does a cold start cost?",
+    "Summarise all of that in one line",
+]
+
+
+def test_ten_prompts_in_a_row_each_in_one_read_are_stored_whole_in_order(
+    terminals: TerminalSession, quick: SubprocessServer
+) -> None:
+    t = start_with(terminals, quick)
+    for n, prompt in enumerate(TEN, 1):
+        t.write(prompt + "\r")  # the next prompt as soon as the last reply has ended, in one burst
+        wait_stored(t, terminals.history_path, sent(n), f"prompt {n} ({prompt!r}) sent", STEP_S)
+        wait_stored(t, terminals.history_path, replies_ended(n), f"reply {n}")
+        assert prompts(terminals.history_path) == TEN[:n], f"prompt {n} did not arrive whole\n{t.dump()}"
+    screen = t.wait_for(lambda s: prompt_input(s) == "", STEP_S, what="the input emptied")
+    assert TEN[-1] in user_rows(screen), t.dump()
+    assert len({m.conversation for m in stored(terminals.history_path)}) == 1
+
+
+def test_a_prompt_typed_in_one_read_while_a_reply_streams_stays_whole_in_the_input(
+    terminals: TerminalSession, slow: SubprocessServer
+) -> None:
+    t = start_streaming(terminals, slow, "Explain connection reuse")
+
+    t.write("Tell me about latency\r")  # typed ahead, Enter included, while the reply streams
+    screen = t.wait_for(STILL_COMING, STEP_S, what="the app answering the Enter with a warning")
+    assert prompt_input(screen) == "Tell me about latency", f"the prompt typed ahead was split\n{t.dump()}"
+    history = stored(terminals.history_path)
+    assert [m.role for m in history] == ["user", "assistant"] and history[1].status == "streaming", t.dump()
+
+    t.press("esc")
+    t.wait_for("cancelled ·", STEP_S, what="the reply cancelled")
+    assert prompt_input(t.screen_text()) == "Tell me about latency", t.dump()
+    t.press("enter")
+    wait_stored(t, terminals.history_path, sent(2), "the second prompt sent", STEP_S)
+    assert prompts(terminals.history_path) == ["Explain connection reuse", "Tell me about latency"]
+
+
+def test_esc_cancels_a_reply_and_keeps_what_arrived_on_screen_in_history_and_after_continue(
+    terminals: TerminalSession, slow: SubprocessServer
+) -> None:
+    t = start_streaming(terminals, slow, "Walk me through a TLS handshake")
+    t.press("esc")
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply to end", STEP_S)
+    partial = messages[1]
+    assert partial.status == "cancelled", _brief(messages)
+    assert partial.content.startswith("## On ") and "You asked:" in partial.content, _brief(messages)
+    assert partial.record is not None and partial.record["cancelled"], partial.record
+    screen = t.wait_for(lambda s: "cancelled ·" in s and "cancelled 1" in s, STEP_S,
+                        what="the reply marked cancelled and the HUD counting it")
+    assert shows(screen, partial.content), t.dump()  # all that arrived is still there
+
+    quit_app(t)
+    again = start_ready(terminals, "--continue")
+    screen = again.wait_for("cancelled ·", STEP_S, what="the cancelled reply reloaded")
+    assert "Walk me through a TLS handshake" in user_rows(screen), again.dump()
+    assert shows(screen, partial.content), again.dump()
+    assert stored(terminals.history_path) == messages  # reopening changed nothing
+
+
+def test_ctrl_b_switches_to_batch_mode_and_the_same_prompt_comes_from_the_cache(
+    terminals: TerminalSession, quick: SubprocessServer
+) -> None:
+    # The default policy "deterministic" caches only requests with temperature 0 or a seed, and the app sends
+    # neither: "always" caches every batch request.
+    t = start_with(terminals, quick, '[cache]\npolicy = "always"\n')
+    assert badge(t.screen_text()).endswith("· stream"), t.dump()
+    t.press("ctrl+b")
+    t.wait_for(lambda s: badge(s).endswith("· batch"), STEP_S, what="the badge saying batch")
+
+    prompt = "What is a cache hit?"
+    type_prompt(t, prompt)
+    first = wait_stored(t, terminals.history_path, replies_ended(1), "the first reply")[1]
+    assert (first.mode, first.status) == ("batch", "done")
+    assert first.record is not None and not first.record["cache_hit"]
+
+    t.press("ctrl+n")  # a new conversation: the same messages, so the same cache key
+    t.wait_for(lambda s: not user_rows(s), STEP_S, what="the conversation cleared")
+    type_prompt(t, prompt)
+    second = wait_stored(t, terminals.history_path, replies_ended(2), "the second reply")[3]
+    assert (second.mode, second.status, second.content) == ("batch", "done", first.content)
+    assert second.record is not None and second.record["cache_hit"]
+    t.wait_for(lambda s: "from cache" in s and "cache 1 hit · 1 miss" in s, STEP_S,
+               what="the reply marked as from the cache and the HUD counting the hit")
+    assert any(terminals.cache_folder.iterdir())
+
+
+def test_quit_with_ctrl_q_and_continue_shows_the_whole_conversation(
+    terminals: TerminalSession, quick: SubprocessServer
+) -> None:
+    t = start_with(terminals, quick)
+    for n, prompt in enumerate(["What is pool wait?", "And connect time?"], 1):
+        type_prompt(t, prompt)
+        wait_stored(t, terminals.history_path, replies_ended(n), f"reply {n}")
+    quit_app(t)
+    conversation = stored(terminals.history_path)
+
+    again = start_ready(terminals, "--continue")
+    screen = again.wait_for(lambda s: len(user_rows(s)) == 2, STEP_S, what="the conversation reloaded")
+    assert user_rows(screen) == ["What is pool wait?", "And connect time?"], again.dump()
+    for message in conversation:
+        assert shows(screen, message.content), again.dump()
+
+    type_prompt(again, "And TLS?")  # it goes on in the same conversation
+    now = wait_stored(again, terminals.history_path, replies_ended(3), "reply 3")
+    assert {m.conversation for m in now} == {conversation[0].conversation}
+    assert [m.content for m in now[:4]] == [m.content for m in conversation]
+
+
+@pytest.mark.parametrize("command", [pytest.param(["chat"], id="llmchat-chat"),
+                                     pytest.param([], id="llmchat")])
+def test_base_url_talks_to_the_server_it_names(
+    terminals: TerminalSession, quick: SubprocessServer, command: list[str]
+) -> None:
+    # README: `llmchat` takes --base-url as `llmchat chat` does.
+    t = start_ready(terminals, *command, "--base-url", quick.base_url)
+    hostport = quick.url.removeprefix("http://")
+    assert badge(t.screen_text()) == f"custom · {hostport} · default model · stream", t.dump()
+    type_prompt(t, "Which server answers this?")
+    reply = wait_stored(t, terminals.history_path, replies_ended(1), "the reply")[1]
+    assert (reply.status, reply.provider) == ("done", "custom")
+    assert reply.record is not None and reply.record["host"] == hostport
+    screen = t.wait_for(lambda s: shows(s, reply.content), STEP_S, what="the reply on screen")
+    assert "Which server answers this?" in user_rows(screen), t.dump()
+
