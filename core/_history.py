@@ -5,6 +5,9 @@ event loop must never wait on the disk); calls run in the order they were made. 
 its request goes out; a reply is saved at least every ``flush_s`` while it streams and once more when it ends,
 so a killed process loses at most the last ``flush_s`` of a reply.
 
+A store opened with ``fallback=True`` (the chat app's) keeps working on any file: read-only, damaged or
+failing mid-session, it holds the history in memory and says so in ``state`` and ``problem``.
+
 Usage::
 
     async with HistoryStore() as store:
@@ -27,13 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from llmchat.core._history_db import (
-    MIGRATIONS,
-    ConversationNotFoundError,
-    Database,
-    HistoryError,
-    default_history_path,
-)
+from llmchat.core._history_db import MIGRATIONS, ConversationNotFoundError, Database
+from llmchat.core._history_file import HistoryError, HistoryState, default_history_path
 from llmchat.core._history_model import (
     Conversation,
     ConversationInfo,
@@ -50,6 +48,7 @@ __all__ = [
     "ConversationInfo",
     "ConversationNotFoundError",
     "HistoryError",
+    "HistoryState",
     "HistoryStore",
     "Message",
     "ReplyWriter",
@@ -73,33 +72,69 @@ class HistoryStore:
     raise :class:`HistoryError` (one line: the file, the cause, the fix); a method given an unknown
     conversation id raises :class:`ConversationNotFoundError`. Calling one before ``open()`` is a
     ``RuntimeError``.
+
+    ``read_only=True`` never writes the file (SQLite's ``mode=ro``): for reading a history one may not write,
+    e.g. ``llmchat export``. The chat app opens with ``open(fallback=True)``, which never fails for the file:
+    see :attr:`state`.
     """
 
-    def __init__(self, path: Path | None = None, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, env: Mapping[str, str] | None = None,
+                 read_only: bool = False) -> None:
         self.path = path if path is not None else default_history_path(os.environ if env is None else env)
         # Only llmchat's own data folder is made private; a folder the caller named is theirs to set.
-        self._db = Database(self.path, private_folder=path is None)
+        self._db = Database(self.path, private_folder=path is None, read_only=read_only)
         self._executor: ThreadPoolExecutor | None = None
         self._writers: set[ReplyWriter] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_change: Callable[[], None] | None = None
+
+    @property
+    def state(self) -> HistoryState:
+        """How the history is held: "ok" (the file, read and written), "read-only" (the file's conversations,
+        copied into memory: this session's changes are not saved) or "in-memory" (the file is not used: an
+        empty history in memory). Only a store opened with ``fallback=True`` leaves "ok" by itself."""
+        return self._db.state
+
+    @property
+    def problem(self) -> str:
+        """One line for the user when :attr:`state` is a fallback: what is wrong with the file, what is (not)
+        saved, and the command that fixes it. "" when there is nothing to say."""
+        return self._db.problem
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    async def open(self) -> None:
-        """Opens the file, creating it, and brings its schema up to date (each migration once).
+    async def open(self, *, fallback: bool = False, on_change: Callable[[], None] | None = None) -> None:
+        """Opens the file, creating it, checks it (``PRAGMA quick_check``, bounded) and brings its schema up
+        to date (each migration once). Opening an open store does nothing.
 
-        Raises HistoryError for a file from a newer llmchat (left untouched), a damaged file or one that
-        cannot be created. Opening an open store does nothing.
+        Without ``fallback``, raises HistoryError for a file from a newer llmchat (left untouched), a damaged
+        file or one that cannot be opened or created. With ``fallback``, never raises for the file: a file
+        that can be read but not written opens as "read-only", one that cannot be used at all as "in-memory"
+        (:attr:`state`, :attr:`problem`); a write refused later (the file became read-only, the disk filled
+        up) or damage found later falls back the same way, the call that met it is retried on the fallback,
+        and ``on_change()`` is called on this event loop. A locked file is never a fallback: that call raises.
         """
         if self._executor is not None:
             return
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmchat-history")
         self._executor = executor
+        self._loop, self._on_change = asyncio.get_running_loop(), on_change
+        self._db.on_change = self._changed_on_thread
         try:
-            await self._run(self._db.open)
+            await self._run(self._db.open_best if fallback else self._db.open)
         except BaseException:
             self._executor = None
             executor.submit(self._db.close)
             executor.shutdown(wait=False)
             raise
+
+    def _changed_on_thread(self) -> None:
+        loop, callback = self._loop, self._on_change
+        if loop is None or callback is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
 
     async def aclose(self) -> None:
         """Saves what every unfinished reply writer holds (its status stays "streaming"), then closes.

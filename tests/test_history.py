@@ -184,7 +184,7 @@ async def test_a_corrupt_file_is_one_line_naming_the_file_and_the_fix(db: Path, 
     db.write_bytes(garbage)
     with pytest.raises(HistoryError) as err:
         await HistoryStore(db).open()
-    one_line_naming(err.value, db, "damaged", f"mv {db} {db}.bad")
+    one_line_naming(err.value, db, "damaged", f"mv '{db}' '{db}.damaged'")
     assert err.value.__cause__ is None and err.value.exit_code == 1
     assert db.read_bytes() == garbage
 
