@@ -3,7 +3,8 @@
 Every SQLite call runs on the store's own single thread (a sqlite3 connection belongs to its thread, and the
 event loop must never wait on the disk); calls run in the order they were made. A user message is saved before
 its request goes out; a reply is saved at least every ``flush_s`` while it streams and once more when it ends,
-so a killed process loses at most the last ``flush_s`` of a reply.
+so a killed process loses at most the last ``flush_s`` of a reply (left "streaming": it reads as interrupted),
+and closing the store mid-reply saves all of it as "interrupted".
 
 A store opened with ``fallback=True`` (the chat app's) keeps working on any file: read-only, damaged or
 failing mid-session, it holds the history in memory and says so in ``state`` and ``problem``.
@@ -28,7 +29,7 @@ import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from llmchat.core._history_db import MIGRATIONS, ConversationNotFoundError, Database
 from llmchat.core._history_file import HistoryError, HistoryState, default_history_path
@@ -61,7 +62,11 @@ __all__ = [
 log = logging.getLogger("llmchat.history")
 
 T = TypeVar("T")
-FinalStatus = Literal["done", "cancelled", "error"]
+FinalStatus = Literal["done", "cancelled", "interrupted", "error"]
+_FINAL: tuple[str, ...] = get_args(FinalStatus)
+
+#: The longest ``aclose`` waits for the last writes: quitting must not hang on a disk that stopped answering.
+CLOSE_TIMEOUT_S = 10.0
 
 
 class HistoryStore:
@@ -137,24 +142,35 @@ class HistoryStore:
             pass
 
     async def aclose(self) -> None:
-        """Saves what every unfinished reply writer holds (its status stays "streaming"), then closes.
+        """Finishes every unfinished reply writer as "interrupted", with all it holds (its reply can no longer
+        end), then closes. Waits at most ``CLOSE_TIMEOUT_S`` for those writes (SQLite itself gives up on a
+        lock after 5 s).
 
         A failed save is logged, not raised: closing must always release the file. Closing twice is fine.
         """
         if self._executor is None:
             return
         try:
-            for writer in list(self._writers):
-                try:
-                    await writer.flush()
-                except HistoryError as exc:
-                    log.warning("%s", exc)
-                writer._detach()
-            self._writers.clear()
+            try:
+                await asyncio.wait_for(self._finish_writers(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("history %s did not answer in %.0f s; the last reply may be saved only as far as"
+                            " its last flush", self.path, CLOSE_TIMEOUT_S)
+                self._executor.submit(self._db.close)
+                return
             await self._run(self._db.close)
         finally:
             executor, self._executor = self._executor, None
             executor.shutdown(wait=False)
+
+    async def _finish_writers(self) -> None:
+        for writer in list(self._writers):
+            try:
+                await writer.finish(status="interrupted")
+            except HistoryError as exc:
+                log.warning("%s", exc)
+            writer._detach()
+        self._writers.clear()
 
     async def __aenter__(self) -> HistoryStore:
         await self.open()
@@ -307,12 +323,14 @@ class ReplyWriter:
                      record: Mapping[str, Any] | None = None, text: str | None = None) -> None:
         """Writes the final text, the status, the error line and the timing record; the writer stops.
 
-        ``text`` replaces what :meth:`append` collected when given (e.g. the client's final text). A cancelled
-        or failed reply keeps its partial text. Finishing twice does nothing. Raises ValueError for an unknown
-        status and HistoryError when the write fails. A reply whose conversation was deleted is not an error.
+        ``status``: "done", "cancelled" (the user stopped it), "interrupted" (the program quit or closed the
+        history mid-reply) or "error". ``text`` replaces what :meth:`append` collected when given (e.g. the
+        client's final text). A reply that did not finish keeps its partial text. Finishing twice does
+        nothing. Raises ValueError for an unknown status and HistoryError when the write fails. A reply whose
+        conversation was deleted is not an error.
         """
-        if status not in ("done", "cancelled", "error"):
-            raise ValueError(f"status must be done, cancelled or error, got {status!r}")
+        if status not in _FINAL:
+            raise ValueError(f"status must be one of {', '.join(_FINAL)}, got {status!r}")
         if self._finished:
             return
         final = self._take_text()

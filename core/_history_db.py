@@ -77,6 +77,34 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
     ),
+    # 2: status 'interrupted', for a reply cut by llmchat quitting (not the user's cancel, not a crash, which
+    # leaves 'streaming'). SQLite cannot change a CHECK in place: the table is rebuilt, ids and the
+    # AUTOINCREMENT counter kept (a deleted message's id is never given again).
+    (
+        """CREATE TABLE messages_v2 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+            content TEXT NOT NULL DEFAULT '',
+            status TEXT NOT NULL DEFAULT 'done'
+                CHECK (status IN ('streaming', 'done', 'cancelled', 'interrupted', 'error')),
+            error TEXT,
+            provider TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            mode TEXT NOT NULL DEFAULT '',
+            record TEXT,
+            created_at REAL NOT NULL
+        )""",
+        "INSERT INTO messages_v2 (id, conversation_id, role, content, status, error, provider, model,"
+        " mode, record, created_at) SELECT id, conversation_id, role, content, status, error, provider,"
+        " model, mode, record, created_at FROM messages ORDER BY id",
+        "DELETE FROM sqlite_sequence WHERE name = 'messages_v2'",
+        "INSERT INTO sqlite_sequence (name, seq) SELECT 'messages_v2', seq FROM sqlite_sequence"
+        " WHERE name = 'messages'",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_v2 RENAME TO messages",
+        "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
+    ),
 ]
 
 

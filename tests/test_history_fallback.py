@@ -23,7 +23,7 @@ from history_files import (
 )
 
 from llmchat.core import _history_file
-from llmchat.core._history import HistoryError, HistoryStore
+from llmchat.core._history import MIGRATIONS, HistoryError, HistoryStore, export_markdown, export_records_json
 from llmchat.core._history_file import set_aside_command, shell_quote
 from llmchat.tui.cli import main
 
@@ -224,6 +224,53 @@ async def test_a_locked_history_is_an_error_not_a_fallback(db: Path, monkeypatch
 async def _until(check: Any) -> None:
     while not check():
         await asyncio.sleep(0.01)
+
+
+# -- the schema: 'interrupted' -------------------------------------------------------------------------------
+async def test_todays_schema_migrates_keeping_rows_ids_and_the_id_counter(db: Path) -> None:
+    db.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:  # version 1, as llmchat made it so far
+        for statement in MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("INSERT INTO conversations (title, created_at, updated_at, touched)"
+                     " VALUES ('old', 1, 1, 1)")
+        for content, status in [("q", "done"), ("half", "cancelled"), ("gone", "done")]:
+            conn.execute("INSERT INTO messages (conversation_id, role, content, status, created_at)"
+                         " VALUES (1, 'assistant', ?, ?, 1)", (content, status))
+        conn.execute("DELETE FROM messages WHERE content = 'gone'")  # id 3 was given once: never again
+    async with HistoryStore(db) as store:
+        conv = await store.load(1)
+        assert [(m.id, m.content, m.status) for m in conv.messages] == [
+            (1, "q", "done"), (2, "half", "cancelled")]
+        writer = store.reply_writer(await store.start_reply(1, provider="p", model="m", mode="stream"))
+        writer.append("cut")
+        await writer.finish(status="interrupted")
+        assert writer.msg_id == 4
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(2,)]
+    assert peek(db, "SELECT status FROM messages WHERE id = 4") == [("interrupted",)]
+    assert peek(db, "PRAGMA foreign_key_check") == [] and peek(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+async def test_exports_mark_every_reply_that_did_not_finish(tmp_path: Path) -> None:
+    async with HistoryStore(tmp_path / "h.sqlite3") as store:
+        conv = await store.new_conversation(title="marks")
+        for status in ("interrupted", "cancelled", "error", "done"):
+            writer = store.reply_writer(await store.start_reply(conv, provider="p", model="m", mode="stream"))
+            writer.append(f"{status} text")
+            await writer.finish(status=status, error="cut" if status == "error" else None,  # type: ignore[arg-type]
+                                record={"model": "m", "total_ms": 5.0})
+        await store.start_reply(conv, provider="p", model="m", mode="stream")  # a process killed right here
+        loaded = await store.load(conv)
+    md = export_markdown(loaded)
+    assert "## Assistant (interrupted)\n\ninterrupted text\n\n_(interrupted: the reply was cut off)_" in md
+    assert "cancelled text\n\n_(cancelled: the reply was stopped before it ended)_" in md
+    assert "error text\n\n_(error: the reply did not finish)_" in md
+    assert "done text\n\n*m via p · 5 ms*" in md  # a whole reply has no mark
+    assert md.count("_(interrupted: the reply was cut off)_") == 2  # the killed one too
+    records = json.loads(export_records_json(loaded))
+    assert [r["message_status"] for r in records] == ["interrupted", "cancelled", "error", "done"]
+    assert records[2]["message_error"] == "cut"
 
 
 # -- llmchat export ------------------------------------------------------------------------------------------
