@@ -3,7 +3,11 @@
 Every SQLite call runs on the store's own single thread (a sqlite3 connection belongs to its thread, and the
 event loop must never wait on the disk); calls run in the order they were made. A user message is saved before
 its request goes out; a reply is saved at least every ``flush_s`` while it streams and once more when it ends,
-so a killed process loses at most the last ``flush_s`` of a reply.
+so a killed process loses at most the last ``flush_s`` of a reply (left "streaming": it reads as interrupted),
+and closing the store mid-reply saves all of it as "interrupted".
+
+A store opened with ``fallback=True`` (the chat app's) keeps working on any file: read-only, damaged or
+failing mid-session, it holds the history in memory and says so in ``state`` and ``problem``.
 
 Usage::
 
@@ -25,15 +29,10 @@ import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
-from llmchat.core._history_db import (
-    MIGRATIONS,
-    ConversationNotFoundError,
-    Database,
-    HistoryError,
-    default_history_path,
-)
+from llmchat.core._history_db import MIGRATIONS, ConversationNotFoundError, Database
+from llmchat.core._history_file import HistoryError, HistoryState, default_history_path
 from llmchat.core._history_model import (
     Conversation,
     ConversationInfo,
@@ -50,6 +49,7 @@ __all__ = [
     "ConversationInfo",
     "ConversationNotFoundError",
     "HistoryError",
+    "HistoryState",
     "HistoryStore",
     "Message",
     "ReplyWriter",
@@ -62,7 +62,11 @@ __all__ = [
 log = logging.getLogger("llmchat.history")
 
 T = TypeVar("T")
-FinalStatus = Literal["done", "cancelled", "error"]
+FinalStatus = Literal["done", "cancelled", "interrupted", "error"]
+_FINAL: tuple[str, ...] = get_args(FinalStatus)
+
+#: The longest ``aclose`` waits for the last writes: quitting must not hang on a disk that stopped answering.
+CLOSE_TIMEOUT_S = 10.0
 
 
 class HistoryStore:
@@ -73,53 +77,100 @@ class HistoryStore:
     raise :class:`HistoryError` (one line: the file, the cause, the fix); a method given an unknown
     conversation id raises :class:`ConversationNotFoundError`. Calling one before ``open()`` is a
     ``RuntimeError``.
+
+    ``read_only=True`` never writes the file (SQLite's ``mode=ro``): for reading a history one may not write,
+    e.g. ``llmchat export``. The chat app opens with ``open(fallback=True)``, which never fails for the file:
+    see :attr:`state`.
     """
 
-    def __init__(self, path: Path | None = None, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, env: Mapping[str, str] | None = None,
+                 read_only: bool = False) -> None:
         self.path = path if path is not None else default_history_path(os.environ if env is None else env)
         # Only llmchat's own data folder is made private; a folder the caller named is theirs to set.
-        self._db = Database(self.path, private_folder=path is None)
+        self._db = Database(self.path, private_folder=path is None, read_only=read_only)
         self._executor: ThreadPoolExecutor | None = None
         self._writers: set[ReplyWriter] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_change: Callable[[], None] | None = None
+
+    @property
+    def state(self) -> HistoryState:
+        """How the history is held: "ok" (the file, read and written), "read-only" (the file's conversations,
+        copied into memory: this session's changes are not saved) or "in-memory" (the file is not used: an
+        empty history in memory). Only a store opened with ``fallback=True`` leaves "ok" by itself."""
+        return self._db.state
+
+    @property
+    def problem(self) -> str:
+        """One line for the user when :attr:`state` is a fallback: what is wrong with the file, what is (not)
+        saved, and the command that fixes it. "" when there is nothing to say."""
+        return self._db.problem
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    async def open(self) -> None:
-        """Opens the file, creating it, and brings its schema up to date (each migration once).
+    async def open(self, *, fallback: bool = False, on_change: Callable[[], None] | None = None) -> None:
+        """Opens the file, creating it, checks it (``PRAGMA quick_check``, bounded) and brings its schema up
+        to date (each migration once). Opening an open store does nothing.
 
-        Raises HistoryError for a file from a newer llmchat (left untouched), a damaged file or one that
-        cannot be created. Opening an open store does nothing.
+        Without ``fallback``, raises HistoryError for a file from a newer llmchat (left untouched), a damaged
+        file or one that cannot be opened or created. With ``fallback``, never raises for the file: a file
+        that can be read but not written opens as "read-only", one that cannot be used at all as "in-memory"
+        (:attr:`state`, :attr:`problem`); a write refused later (the file became read-only, the disk filled
+        up) or damage found later falls back the same way, the call that met it is retried on the fallback,
+        and ``on_change()`` is called on this event loop. A locked file is never a fallback: that call raises.
         """
         if self._executor is not None:
             return
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmchat-history")
         self._executor = executor
+        self._loop, self._on_change = asyncio.get_running_loop(), on_change
+        self._db.on_change = self._changed_on_thread
         try:
-            await self._run(self._db.open)
+            await self._run(self._db.open_best if fallback else self._db.open)
         except BaseException:
             self._executor = None
             executor.submit(self._db.close)
             executor.shutdown(wait=False)
             raise
 
+    def _changed_on_thread(self) -> None:
+        loop, callback = self._loop, self._on_change
+        if loop is None or callback is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
     async def aclose(self) -> None:
-        """Saves what every unfinished reply writer holds (its status stays "streaming"), then closes.
+        """Finishes every unfinished reply writer as "interrupted", with all it holds (its reply can no longer
+        end), then closes. Waits at most ``CLOSE_TIMEOUT_S`` for those writes (SQLite itself gives up on a
+        lock after 5 s).
 
         A failed save is logged, not raised: closing must always release the file. Closing twice is fine.
         """
         if self._executor is None:
             return
         try:
-            for writer in list(self._writers):
-                try:
-                    await writer.flush()
-                except HistoryError as exc:
-                    log.warning("%s", exc)
-                writer._detach()
-            self._writers.clear()
+            try:
+                await asyncio.wait_for(self._finish_writers(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("history %s did not answer in %.0f s; the last reply may be saved only as far as"
+                            " its last flush", self.path, CLOSE_TIMEOUT_S)
+                self._executor.submit(self._db.close)
+                return
             await self._run(self._db.close)
         finally:
             executor, self._executor = self._executor, None
             executor.shutdown(wait=False)
+
+    async def _finish_writers(self) -> None:
+        for writer in list(self._writers):
+            try:
+                await writer.finish(status="interrupted")
+            except HistoryError as exc:
+                log.warning("%s", exc)
+            writer._detach()
+        self._writers.clear()
 
     async def __aenter__(self) -> HistoryStore:
         await self.open()
@@ -272,12 +323,14 @@ class ReplyWriter:
                      record: Mapping[str, Any] | None = None, text: str | None = None) -> None:
         """Writes the final text, the status, the error line and the timing record; the writer stops.
 
-        ``text`` replaces what :meth:`append` collected when given (e.g. the client's final text). A cancelled
-        or failed reply keeps its partial text. Finishing twice does nothing. Raises ValueError for an unknown
-        status and HistoryError when the write fails. A reply whose conversation was deleted is not an error.
+        ``status``: "done", "cancelled" (the user stopped it), "interrupted" (the program quit or closed the
+        history mid-reply) or "error". ``text`` replaces what :meth:`append` collected when given (e.g. the
+        client's final text). A reply that did not finish keeps its partial text. Finishing twice does
+        nothing. Raises ValueError for an unknown status and HistoryError when the write fails. A reply whose
+        conversation was deleted is not an error.
         """
-        if status not in ("done", "cancelled", "error"):
-            raise ValueError(f"status must be done, cancelled or error, got {status!r}")
+        if status not in _FINAL:
+            raise ValueError(f"status must be one of {', '.join(_FINAL)}, got {status!r}")
         if self._finished:
             return
         final = self._take_text()

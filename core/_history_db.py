@@ -5,22 +5,33 @@ connection belongs to the thread that made it, and the chat app's event loop mus
 
 The schema version lives in ``PRAGMA user_version``; ``MIGRATIONS[n]`` takes a database from version n to
 n + 1, each in its own transaction. A database from a newer llmchat is refused before anything is written.
+How the file is opened, checked and described when it fails is :mod:`llmchat.core._history_file`'s.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from time import perf_counter_ns, sleep
 from typing import Any, TypeVar, cast
 
-from llmchat.core._errors import LLMChatError
+from llmchat.core._history_file import (
+    HistoryError,
+    HistoryState,
+    check,
+    connect_read_only,
+    connect_read_write,
+    describe,
+    enable_wal,
+    in_memory,
+    in_memory_line,
+    read_only_line,
+    schema_version,
+    trouble,
+)
 from llmchat.core._history_model import (
     Conversation,
     ConversationInfo,
@@ -66,11 +77,35 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
     ),
+    # 2: status 'interrupted', for a reply cut by llmchat quitting (not the user's cancel, not a crash, which
+    # leaves 'streaming'). SQLite cannot change a CHECK in place: the table is rebuilt, ids and the
+    # AUTOINCREMENT counter kept (a deleted message's id is never given again).
+    (
+        """CREATE TABLE messages_v2 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+            content TEXT NOT NULL DEFAULT '',
+            status TEXT NOT NULL DEFAULT 'done'
+                CHECK (status IN ('streaming', 'done', 'cancelled', 'interrupted', 'error')),
+            error TEXT,
+            provider TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            mode TEXT NOT NULL DEFAULT '',
+            record TEXT,
+            created_at REAL NOT NULL
+        )""",
+        "INSERT INTO messages_v2 (id, conversation_id, role, content, status, error, provider, model,"
+        " mode, record, created_at) SELECT id, conversation_id, role, content, status, error, provider,"
+        " model, mode, record, created_at FROM messages ORDER BY id",
+        "DELETE FROM sqlite_sequence WHERE name = 'messages_v2'",
+        "INSERT INTO sqlite_sequence (name, seq) SELECT 'messages_v2', seq FROM sqlite_sequence"
+        " WHERE name = 'messages'",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_v2 RENAME TO messages",
+        "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
+    ),
 ]
-
-
-class HistoryError(LLMChatError):
-    """The history file cannot be used: damaged, from a newer llmchat, locked or unreadable. Exit status 1."""
 
 
 class ConversationNotFoundError(HistoryError):
@@ -84,83 +119,44 @@ class ConversationNotFoundError(HistoryError):
         super().__init__(f"no conversation {conv_id} in the history{hint} (or use `last`)")
 
 
-def default_history_path(env: Mapping[str, str]) -> Path:
-    """``$XDG_DATA_HOME/llmchat/history.sqlite3``, where an unset, empty or relative XDG_DATA_HOME means
-    ``~/.local/share`` as the XDG spec says. Pure: touches no file."""
-    home = Path(env.get("HOME") or Path.home())
-    xdg = env.get("XDG_DATA_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".local" / "share"
-    return base / "llmchat" / "history.sqlite3"
-
-
-#: Words in SQLite's message for a failure the file's permissions or disk cause, not its content.
-_ACCESS_WORDS = ("unable to open", "readonly", "disk I/O", "permission", "denied")
-
-
-def describe(path: Path, exc: BaseException) -> HistoryError:
-    """The one-line error for a failure on the history file ``path``: what went wrong, then what to do."""
-    if isinstance(exc, HistoryError):
-        return exc
-    reason = one_line(exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or "unknown"
-    aside = f"move it aside (mv {path} {path}.bad) and llmchat starts a new history"
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in reason or "busy" in reason):
-        return HistoryError(f"history {path} is locked by another program ({reason}); close it and try again")
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-        return HistoryError(f"history {path} is damaged ({reason}); {aside}")
-    if isinstance(exc, sqlite3.OperationalError) and not any(w in reason for w in _ACCESS_WORDS):
-        return HistoryError(f"history {path} cannot be used ({reason}); {aside}")
-    return HistoryError(f"cannot open history {path}: {reason}; check that its folder is yours and writable, "
-                        "or set XDG_DATA_HOME to another folder")
-
-
-def _private_file(path: Path, *, private_folder: bool) -> None:
-    """Creates the folder (0700) and the file (0600) before SQLite opens it, so neither is ever readable by
-    others; SQLite gives its -wal and -shm files the database file's mode."""
-    folder = path.parent
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if private_folder:
-        info = folder.stat()
-        if stat.S_IMODE(info.st_mode) != 0o700 and info.st_uid == os.geteuid():
-            folder.chmod(0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(21, "not a regular file", str(path))
-        if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.geteuid():
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
-def _enable_wal(conn: sqlite3.Connection, budget_ns: int = 5_000_000_000) -> None:
-    """Switches the file to WAL, retrying for up to ``budget_ns`` while another connection holds it.
-
-    The switch needs the file to itself, and SQLite reports "locked" at once, without its busy handler, when
-    another llmchat opens the same new file at the same moment.
-    """
-    start = perf_counter_ns()
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or perf_counter_ns() - start > budget_ns:
-                raise
-            sleep(0.005)
+#: What a failure mid-session makes of the history when the store may fall back: a file that can no longer be
+#: written is copied into memory; a damaged one is left for an empty history in memory. A locked file is not
+#: a fallback: the write is refused (the caller keeps its data and may try again) and the file stays in use.
+_FALLS_BACK = ("unwritable", "damaged")
 
 
 class Database:
-    """One connection to the history file. Every method runs on the store's thread and may raise
-    ``sqlite3.Error`` or ``OSError``; :meth:`guard` turns those into one-line :class:`HistoryError`."""
+    """One connection to the history. Every method runs on the store's thread and may raise ``sqlite3.Error``
+    or ``OSError``; :meth:`guard` turns those into one-line :class:`HistoryError`, or, for a database opened
+    with :meth:`open_best`, into a fallback (see :attr:`state`)."""
 
-    def __init__(self, path: Path, *, private_folder: bool) -> None:
+    def __init__(self, path: Path, *, private_folder: bool, read_only: bool = False) -> None:
         self.path = path
         self._private_folder = private_folder
+        self._read_only = read_only
         self._conn: sqlite3.Connection | None = None
+        self._fallback = False
+        #: How the history is held; :attr:`problem` is the line that says why when it is not "ok".
+        self.state: HistoryState = "read-only" if read_only else "ok"
+        self.problem = ""
+        #: Called on this thread after a fallback mid-session changed :attr:`state`.
+        self.on_change: Callable[[], None] | None = None
 
     def guard(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, with sqlite3 and OS errors raised as :class:`HistoryError` naming the file."""
+        """``fn(*args)``, with sqlite3 and OS errors raised as :class:`HistoryError` naming the file.
+
+        After :meth:`open_best`, a file that fails mid-session (it became read-only, the disk is full, damage
+        found late) is replaced as :meth:`open_best` would have, and ``fn`` runs once more on the replacement.
+        """
+        try:
+            return fn(*args)
+        except (sqlite3.Error, OSError) as exc:
+            if not self._fallback or self.state != "ok" or trouble(exc) not in _FALLS_BACK:
+                raise describe(self.path, exc) from None
+            try:
+                self._fall_back(exc)
+            except (sqlite3.Error, OSError):
+                raise describe(self.path, exc) from None
         try:
             return fn(*args)
         except (sqlite3.Error, OSError) as exc:
@@ -174,31 +170,108 @@ class Database:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def open(self) -> None:
-        """Opens (creating when missing) and migrates the file. Raises HistoryError for a newer schema, a
-        damaged file or one that cannot be opened; a refused file is left exactly as it was."""
-        _private_file(self.path, private_folder=self._private_folder)
-        # Autocommit: every write below says where its transaction starts and ends.
-        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+        """Opens (creating when missing) and migrates the file; read-only, opens it without writing a byte.
+
+        Raises HistoryError for a newer schema, sqlite3 or OS errors for a damaged file (one that fails
+        ``quick_check`` included) or one that cannot be opened; a refused file is left exactly as it was.
+        """
+        self._conn = self._open_read_only() if self._read_only else self._open_read_write()
+
+    def open_best(self) -> None:
+        """Opens the file in the best mode it allows and never raises for the file: read-write; else, for a
+        file that can be read but not written, a copy of it in memory ("read-only"); else an empty history in
+        memory ("in-memory"). :attr:`problem` says which and why; later failures fall back the same way."""
+        self._fallback = True
         try:
-            # The first read of the header: a file that is not SQLite fails here, before any write.
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if version > len(MIGRATIONS):
-                raise HistoryError(
-                    f"history {self.path} is from a newer llmchat (schema version {version}, this one knows"
-                    f" up to {len(MIGRATIONS)}); upgrade llmchat, or move the file aside to start a new"
-                    " history"
-                )
-            _enable_wal(conn)
-            # NORMAL in WAL mode: a commit survives the process being killed; only power loss can undo it.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            if version < len(MIGRATIONS):
-                # Only then take the write lock: an up-to-date file opens without waiting on other writers.
-                self._migrate(conn)
-        except BaseException:
+            self.open()
+            return
+        except (sqlite3.Error, OSError, HistoryError) as exc:
+            failure: BaseException = exc
+        if trouble(failure) == "unwritable" and self.path.is_file():
+            try:
+                self._conn = self._copy_of_file()
+                self._set_state("read-only", read_only_line(self.path, failure))
+                return
+            except (sqlite3.Error, OSError, HistoryError) as exc:
+                failure = exc  # unreadable too, damaged or newer: say that instead
+        self._conn = self._prepared(in_memory())
+        self._set_state("in-memory", in_memory_line(self.path, failure))
+
+    def _open_read_write(self) -> sqlite3.Connection:
+        conn = connect_read_write(self.path, private_folder=self._private_folder)
+        return _set_up(conn, self._set_up_read_write)
+
+    def _set_up_read_write(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        version = schema_version(conn, self.path, len(MIGRATIONS))
+        check(conn)
+        enable_wal(conn)
+        # NORMAL in WAL mode: a commit survives the process being killed; only power loss can undo it.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if version < len(MIGRATIONS):
+            # Only then take the write lock: an up-to-date file opens without waiting on other writers.
+            self._migrate(conn)
+        return conn
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        return _set_up(connect_read_only(self.path), self._set_up_read_only)
+
+    def _set_up_read_only(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        if schema_version(conn, self.path, len(MIGRATIONS)) < len(MIGRATIONS):
+            # An older file is read through today's queries from a migrated copy; the file stays as it is.
+            copy = self._copy_of(conn)
             conn.close()
-            raise
-        self._conn = conn
+            return copy
+        check(conn)
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    def _copy_of_file(self) -> sqlite3.Connection:
+        source = connect_read_only(self.path)
+        try:
+            return self._copy_of(source)
+        finally:
+            source.close()
+
+    def _copy_of(self, source: sqlite3.Connection) -> sqlite3.Connection:
+        schema_version(source, self.path, len(MIGRATIONS))
+        check(source)
+        return self._prepared(in_memory(copy_of=source))
+
+    def _prepared(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """A database in memory, brought up to today's schema."""
+        def migrated(conn: sqlite3.Connection) -> sqlite3.Connection:
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate(conn)
+            return conn
+
+        return _set_up(conn, migrated)
+
+    def _set_state(self, state: HistoryState, problem: str) -> None:
+        self.state, self.problem = state, problem
+
+    def _fall_back(self, exc: BaseException) -> None:
+        """Swaps the file for memory after ``exc`` mid-session: a copy when the file can still be read, else
+        an empty history (damage found late may be anywhere: a copy would carry it)."""
+        old = self.conn
+        replacement = None
+        if trouble(exc) == "unwritable":
+            try:
+                replacement = self._prepared(in_memory(copy_of=old))
+            except sqlite3.Error:
+                replacement = None
+        if replacement is not None:
+            self._set_state("read-only", read_only_line(self.path, exc, mid_session=True))
+        else:
+            replacement = self._prepared(in_memory())
+            self._set_state("in-memory", in_memory_line(self.path, exc))
+        self._conn = replacement
+        try:
+            old.close()
+        except sqlite3.Error:
+            pass
+        if self.on_change is not None:
+            self.on_change()
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -327,17 +400,29 @@ class Database:
             self._touch(int(row[0]), now)
 
 
+def _set_up(conn: sqlite3.Connection, setup: Callable[[sqlite3.Connection], sqlite3.Connection]
+            ) -> sqlite3.Connection:
+    """``setup(conn)``; ``conn`` is closed when that fails, so a refused file is never left open."""
+    try:
+        return setup(conn)
+    except BaseException:
+        conn.close()
+        raise
+
+
 @contextmanager
 def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
     """One transaction; IMMEDIATE takes the write lock up front so a read-then-write cannot deadlock."""
     conn.execute(begin)
     try:
         yield
+        conn.execute("COMMIT")
     except BaseException:
+        # A COMMIT that fails (disk full, I/O error) may leave the transaction open: end it, or the
+        # connection stays inside it and nothing after it is ever saved.
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 def _info(row: tuple[Any, ...]) -> ConversationInfo:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["user", "assistant", "system"]
-Status = Literal["streaming", "done", "cancelled", "error"]
+#: "streaming" while a reply is written (and forever when the process writing it was killed); "cancelled" when
+#: the user stopped it; "interrupted" when llmchat quit or closed the history mid-reply.
+Status = Literal["streaming", "done", "cancelled", "interrupted", "error"]
 
 #: A default title is cut to this many characters, on one line.
 TITLE_CHARS = 60
@@ -71,7 +73,8 @@ class Message:
 
     @property
     def partial(self) -> bool:
-        """A reply that did not finish: cancelled, failed, or still streaming when llmchat was killed."""
+        """A reply that did not finish: cancelled, interrupted, failed, or still streaming when llmchat was
+        killed."""
         return self.role == "assistant" and self.status != "done"
 
 
@@ -111,7 +114,21 @@ class Conversation:
 
 
 def _status_word(status: str) -> str:
-    return {"cancelled": "cancelled", "error": "error", "streaming": "interrupted"}.get(status, status)
+    # A row left "streaming" was written by a process that was killed mid-reply: it was interrupted too.
+    return "interrupted" if status == "streaming" else status
+
+
+#: The line a Markdown export puts under a reply that did not finish, so nobody takes it for a whole answer.
+_PARTIAL_MARKS = {
+    "cancelled": "_(cancelled: the reply was stopped before it ended)_",
+    "interrupted": "_(interrupted: the reply was cut off)_",
+    "error": "_(error: the reply did not finish)_",
+}
+
+
+def partial_mark(msg: Message) -> str:
+    """The italic line that says a reply is not whole ("" for a finished one or a user message)."""
+    return _PARTIAL_MARKS[_status_word(msg.status)] if msg.partial else ""
 
 
 # -- export --------------------------------------------------------------------------------------------------
@@ -172,8 +189,9 @@ def _when(wall: float) -> str:
 def export_markdown(conv: Conversation) -> str:
     """The conversation as a Markdown document: title, system prompt, then each message under a role heading.
 
-    A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)"), and
-    each reply ends with its model and timing line in italics. Never fails for a well-formed ``Conversation``.
+    A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)") and in
+    an italic line after what arrived of it; each reply ends with its model and timing line in italics. Never
+    fails for a well-formed ``Conversation``.
     """
     title = conv.title or f"Conversation {conv.id}"
     lines = [f"# {title}", "", f"*Conversation {conv.id} · started {_when(conv.info.created_at)} · "
@@ -184,6 +202,9 @@ def export_markdown(conv: Conversation) -> str:
         lines += [_heading(msg), ""]
         if msg.content:
             lines += [msg.content.rstrip(), ""]
+        mark = partial_mark(msg)
+        if mark:
+            lines += [mark, ""]
         if msg.role == "assistant":
             timing = timing_line(msg)
             if timing:

@@ -98,7 +98,7 @@ async def test_default_path_follows_xdg_and_is_private(tmp_path: Path) -> None:
 
 
 async def test_schema_version_wal_and_pragmas(store: HistoryStore, db: Path) -> None:
-    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(1,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(2,)]
     assert peek(db, "PRAGMA journal_mode") == [("wal",)]
     tables = {r[0] for r in peek(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"conversations", "messages"} <= tables
@@ -129,7 +129,7 @@ async def test_migrations_run_once_and_upgrade_an_older_file(
     for _ in range(3):
         async with HistoryStore(db) as store:
             assert (await store.load(conv)).title == "from v1"
-    assert peek(db, "PRAGMA user_version") == [(2,)]
+    assert peek(db, "PRAGMA user_version") == [(3,)]
     assert peek(db, "SELECT COUNT(*) FROM extra") == [(1,)]
 
 
@@ -144,7 +144,7 @@ async def test_two_windows_open_a_new_file_at_once_and_share_it(db: Path) -> Non
     finally:
         await first.aclose()
         await second.aclose()
-    assert peek(db, "PRAGMA user_version") == [(1,)]
+    assert peek(db, "PRAGMA user_version") == [(2,)]
 
 
 async def test_a_failed_migration_leaves_the_file_at_its_version(
@@ -157,7 +157,7 @@ async def test_a_failed_migration_leaves_the_file_at_its_version(
     with pytest.raises(HistoryError) as err:
         await HistoryStore(db).open()
     one_line_naming(err.value, db, "no_such_table")
-    assert peek(db, "PRAGMA user_version") == [(1,)]
+    assert peek(db, "PRAGMA user_version") == [(2,)]
     assert peek(db, "SELECT name FROM sqlite_master WHERE name = 'half'") == []
 
 
@@ -184,7 +184,7 @@ async def test_a_corrupt_file_is_one_line_naming_the_file_and_the_fix(db: Path, 
     db.write_bytes(garbage)
     with pytest.raises(HistoryError) as err:
         await HistoryStore(db).open()
-    one_line_naming(err.value, db, "damaged", f"mv {db} {db}.bad")
+    one_line_naming(err.value, db, "damaged", f"mv '{db}' '{db}.damaged'")
     assert err.value.__cause__ is None and err.value.exit_code == 1
     assert db.read_bytes() == garbage
 
@@ -328,15 +328,16 @@ async def test_finish_with_text_replaces_what_was_appended(store: HistoryStore, 
         await store.reply_writer(writer.msg_id).finish(status="finished")  # type: ignore[arg-type]
 
 
-async def test_closing_the_store_saves_an_unfinished_reply(db: Path) -> None:
+async def test_closing_the_store_finishes_an_unfinished_reply_as_interrupted(db: Path) -> None:
     async with HistoryStore(db) as store:
         conv = await store.new_conversation()
         writer = store.reply_writer(await store.start_reply(conv, provider="p", model="m", mode="stream"),
                                     flush_s=60.0)
         writer.append("saved on close")
     assert not writer.flush_pending  # no timer left on the loop
+    # Its reply can never end now: "streaming" would say it still might.
     assert peek(db, "SELECT content, status FROM messages WHERE role = 'assistant'") == [
-        ("saved on close", "streaming")]
+        ("saved on close", "interrupted")]
 
 
 async def test_delete_cascades_to_messages_and_unknown_ids_say_which_exist(

@@ -11,7 +11,7 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -23,7 +23,7 @@ from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
 from llmchat.core import APIError, ChatClient, ServerSignals, Settings, UsageError, Warmer
-from llmchat.core._history import HistoryStore
+from llmchat.core._history import ConversationNotFoundError, HistoryError, HistoryStore, ReplyWriter
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
@@ -181,13 +181,20 @@ class ChatApp(App[None]):
             self.warmer = Warmer(self.client)
             # After the first frame: a ping measured while the app is still starting would time the start-up.
             self.call_after_refresh(self.warmer.start)
-        await self.store.open()
-        if self.conversation_id is None and self.continue_last:
-            self.conversation_id = await self.store.last_conversation_id()
-            if self.conversation_id is None:
-                self.notify("no earlier conversation to continue", timeout=3)
-        if self.conversation_id is not None:
-            await self._load_conversation(self.conversation_id)
+        # The store falls back rather than fail: read-only, damaged or failing later, the chat goes on in
+        # memory, and the store's state says so, here and whenever it changes.
+        await self.store.open(fallback=True, on_change=self._show_history_state)
+        self._show_history_state()
+        try:
+            if self.conversation_id is None and self.continue_last:
+                self.conversation_id = await self.store.last_conversation_id()
+                if self.conversation_id is None:
+                    self.notify("no earlier conversation to continue", timeout=3)
+            if self.conversation_id is not None:
+                await self._load_conversation(self.conversation_id)
+        except HistoryError as exc:
+            self.conversation_id = None
+            self.notify(str(exc), severity="error", timeout=15, markup=False)
         self.query_one(PromptInput).focus()
         if self._freeze_gc:
             # Move everything alive after start-up (Textual's tens of thousands of objects) out of the
@@ -195,6 +202,13 @@ class ChatApp(App[None]):
             # Only for the `llmchat` program itself: in a test run or a library's process, freezing would
             # also pin everything else alive there for good.
             self.call_after_refresh(gc.freeze)
+
+    def _show_history_state(self) -> None:
+        if self.store.state != "ok":
+            # Long enough to read a command off it; it is the one time the user is told. No markup: a path
+            # may hold square brackets.
+            self.notify(self.store.problem, title="History", timeout=30, markup=False,
+                        severity="warning" if self.store.state == "read-only" else "error")
 
     async def on_unmount(self) -> None:
         if self.warmer is not None:
@@ -381,8 +395,11 @@ class ChatApp(App[None]):
             elif msg.role == "assistant":
                 status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
                 note = msg.error or reply_note(msg.record)
-                if msg.status == "streaming":  # the process that wrote it was killed mid-reply
-                    status, note = "cancelled", "interrupted"
+                # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
+                # Either way the reply was cut off, and it must not look whole.
+                if msg.status in ("interrupted", "streaming"):
+                    cut = "interrupted: the reply was cut off"
+                    status, note = "cancelled", f"{cut} · {note}" if note else cut
                 widgets.append(ChatMessage(msg.content, status=status, note=note))
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
@@ -403,12 +420,16 @@ class ChatApp(App[None]):
             self.query_one(PromptInput).restore(event.text)
             self._say_reply_coming()
             return
-        if self.conversation_id is None:
-            self.conversation_id = await self.store.new_conversation(
-                system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model
-            )
-        # Saved before the request goes out: a crash from here on loses nothing the user typed.
-        await self.store.add_user_message(self.conversation_id, text)
+        # Saved before the request goes out: a crash from here on loses nothing the user typed. A message that
+        # cannot be saved (the file is locked) goes back into the input and is not sent.
+        try:
+            await self._save_prompt(text)
+        except HistoryError as exc:
+            self.query_one(PromptInput).restore(event.text)
+            self.notify(f"{exc}; your message is back in the input", severity="error", timeout=15,
+                        markup=False)
+            self._hold_prompt()  # nothing went out: the prompt is free to send it again
+            return
         self.history.append({"role": "user", "content": text})
         view = self.query_one(Conversation)
         view.add_user(text)
@@ -417,29 +438,53 @@ class ChatApp(App[None]):
         self._reply(text, reply, self.stream_mode)
         self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
 
+    async def _save_prompt(self, text: str) -> None:
+        """Saves ``text`` as the next user message, in a new conversation when there is none, or when the one
+        on screen is gone from the history (deleted in another window, or the history fell back to memory)."""
+        if self.conversation_id is not None:
+            try:
+                await self.store.add_user_message(self.conversation_id, text)
+                return
+            except ConversationNotFoundError:
+                self.notify("this conversation is no longer in the history; it goes on as a new one",
+                            timeout=5)
+        self.conversation_id = await self.store.new_conversation(
+            system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model
+        )
+        await self.store.add_user_message(self.conversation_id, text)
+
     @work(exclusive=True, group="reply")
     async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:
         client = self.client
         assert self.conversation_id is not None
-        msg_id = await self.store.start_reply(
-            self.conversation_id, provider=client.endpoint.name, model=client.model, mode="stream" if stream else "batch"
-        )
-        writer = self.store.reply_writer(msg_id)
-        messages = self._messages()
+        writer: ReplyWriter | None = None
         record: TimingRecord | None = None
-        status, note, error = "done", "", None
+        status: Literal["done", "cached", "cancelled", "interrupted", "error"] = "done"
+        note, error = "", None
         try:
+            try:
+                msg_id = await self.store.start_reply(
+                    self.conversation_id, provider=client.endpoint.name, model=client.model,
+                    mode="stream" if stream else "batch",
+                )
+                writer = self.store.reply_writer(msg_id)
+            except HistoryError as exc:
+                # The prompt is saved; its answer still comes, unsaved, and the user knows.
+                self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
+            messages = self._messages()
             if stream:
                 chat = client.stream(messages)
                 record = chat.record
                 async for piece in chat:
                     reply.append(piece, time.perf_counter_ns())
-                    writer.append(piece)
+                    if writer is not None:
+                        writer.append(piece)
             else:
                 answer = await client.complete(messages)
                 record = answer.record
                 reply.append(answer.text, time.perf_counter_ns())
-                writer.append(answer.text)
+                if writer is not None:
+                    writer.append(answer.text)
                 status = "cached" if record.cache_hit else "done"
         except APIError as exc:
             record = record or (exc.record if isinstance(exc.record, TimingRecord) else None)
@@ -452,20 +497,26 @@ class ChatApp(App[None]):
             self.notify(error, severity="error", timeout=10)
             self.query_one(PromptInput).restore(prompt)
         except BaseException:
-            # Esc (worker cancelled) or quitting: keep what arrived, marked, with its record.
-            status = "cancelled"
+            # The worker was cancelled. While the app runs, the user did it (Esc, a new conversation): the
+            # reply is "cancelled". Quitting or a crash cancels it too, after the app stopped running: the
+            # reply was "interrupted", and history must not say the user stopped it.
+            status = "cancelled" if self.is_running else "interrupted"
             raise
         finally:
             note = error or (reply_note(record.summary()) if record is not None else "")
-            reply.finish(status=status, note=note)
+            reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
             partial = reply.text
             if partial:
                 self.history.append({"role": "assistant", "content": partial})
-            await writer.finish(
-                status="error" if status == "error" else ("cancelled" if status == "cancelled" else "done"),
-                error=error,
-                record=record.summary() if record is not None else None,
-            )
+            if writer is not None:
+                try:
+                    await writer.finish(
+                        status="done" if status == "cached" else status,
+                        error=error,
+                        record=record.summary() if record is not None else None,
+                    )
+                except HistoryError as exc:
+                    self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
 
 
 def make_app(

@@ -63,9 +63,12 @@ def _write_private(path: str, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Prints or writes the export. Exit 2 for a bad or unknown ID or an unwritable file, 1 for a history
-    file that cannot be read; each as one line on stderr."""
+    file that cannot be read (damaged, newer, unreadable: the line the chat app shows too); each as one line
+    on stderr. A history one may read but not write exports as any other."""
     conv_id = _parse_id(args.conversation)
-    store = HistoryStore()
+    # Read-only: an export needs no write access, never migrates or creates anything, and works beside a
+    # running chat (SQLite's read-only mode still sees what the chat commits).
+    store = HistoryStore(read_only=True)
     if not store.path.exists():
         # Opening would create an empty history just to say it is empty.
         raise UsageError(f"export: no history yet at {store.path}; chat first, then export")
