@@ -407,3 +407,65 @@ df --output=avail "{tmp_path}" | tail -1
     assert re.search(r"removed \d+ entr", done.stdout) and "exit=0" in done.stdout, (done.stdout, done.stderr)
     assert int(lines[-1]) > 400, "clearing freed no space"
     assert "Traceback" not in done.stderr
+
+
+# -- the chat app, in a real terminal ------------------------------------------------------------------------------------
+def _app_config(server: RunningServer) -> str:
+    return f'[providers.local]\nbase_url = "{server.base_url}"\nmodel = "{MODEL}"\nhttp = {{ http2 = "h2c" }}\n'
+
+
+def _chat_once(t: Any, prompt: str, answer: str) -> str:
+    t.write(prompt)
+    t.wait_for(lambda s: prompt in s, 10.0, what="the prompt in the input")
+    t.press("enter")
+    return t.wait_for(answer, 20.0, what="the reply on screen")
+
+
+def test_app_on_a_split_surrogate_stream_shows_the_emoji(terminals: Any, server_factory: Factory) -> None:
+    server = server_factory(split_surrogates=True, profile="instant")
+    terminals.write_config(_app_config(server))
+    t = terminals.start()
+    t.wait_for("Ask anything", 30.0, what="the app ready")
+    screen = _chat_once(t, "show me emoji", "Emoji stay whole")
+    assert "Traceback" not in screen
+    t.wait_for(lambda s: "TTFT" in s, 20.0, what="the reply finished")  # its footer line
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(terminals.history_path.as_uri() + "?mode=ro", uri=True)) as db:
+        ((reply, status),) = db.execute("SELECT content, status FROM messages WHERE role = 'assistant'").fetchall()
+    assert status == "done" and "🚀 ⚡ 🎉" in reply
+
+
+@pytest.mark.parametrize("state", ["read-only", "damaged"])
+def test_app_on_an_unusable_history_chats_and_says_so(
+    terminals: Any, server_factory: Factory, state: str
+) -> None:
+    import asyncio
+
+    from history_files import file_state, make_history, overwrite_pages, read_only
+
+    server = server_factory(profile="instant")
+    terminals.write_config(_app_config(server))
+    db = terminals.history_path
+    asyncio.run(make_history(db, conversations=3))
+    if state == "damaged":
+        overwrite_pages(db)
+    before = file_state(db)
+
+    def chat() -> str:
+        t = terminals.start()
+        t.wait_for("Ask anything", 30.0, what="the app ready")
+        said = "history is read-only" if state == "read-only" else "damaged"
+        notice = t.wait_for(said, 10.0, what="the one line about the history")
+        screen = _chat_once(t, "still there?", "You asked")
+        assert "Traceback" not in screen
+        return notice
+
+    if state == "read-only":
+        with read_only(db.parent):
+            chat()
+    else:
+        notice = chat()
+        assert "with `mv" in notice and "history.sqlite3'" in notice  # the command that sets the file aside
+    assert file_state(db) == before  # nothing was written to the file it could not use
