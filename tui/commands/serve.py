@@ -105,6 +105,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the metrics extra)",
     )
     a(
+        "--max-requests-per-connection",
+        type=int,
+        metavar="N",
+        help="retire a connection after N requests, as nginx does (default 1000): HTTP/1.1 with "
+        "Connection: close, HTTP/2 with a GOAWAY that lets the streams in flight finish; 0: never",
+    )
+    a(
         "--close-after-stream",
         action="store_true",
         default=None,
