@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -121,6 +122,13 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
         ) from None
 
 
+def _first_use(http: HttpSettings) -> ssl.SSLContext | bool:
+    """The SSL context, and the import that httpcore leaves to its first request: anyio's asyncio backend,
+    ~30 ms that would show in that request's pool wait. Runs in a worker thread."""
+    importlib.import_module("anyio._backends._asyncio")
+    return _ssl_context(http)
+
+
 @functools.lru_cache(maxsize=8)
 def _default_context(
     http2: bool, trust_env: bool, cert_file: str | None, cert_dir: str | None
@@ -211,16 +219,10 @@ class _NotProcessed(httpcore.RemoteProtocolError):
 
     A ``RemoteProtocolError`` so that httpx maps it as it maps httpcore's own, with this as the cause."""
 
-    def __init__(self, goaway: h2.events.ConnectionTerminated, stream_id: int) -> None:
-        super().__init__(f"GOAWAY with last stream {goaway.last_stream_id}, before stream {stream_id}")
+    def __init__(self, goaway: h2.events.ConnectionTerminated, stream_id: int | None) -> None:
+        before = f"stream {stream_id}" if stream_id is not None else "this stream"
+        super().__init__(f"GOAWAY with last stream {goaway.last_stream_id}, before {before}")
         self.error_code = goaway.error_code
-
-
-class _Drained(httpcore.RemoteProtocolError):
-    """A read on a connection whose GOAWAY'd streams have all ended: only untaken ones could be waiting."""
-
-    def __init__(self) -> None:
-        super().__init__("every stream the server took after its GOAWAY has ended")
 
 
 class _Retiring:
@@ -242,11 +244,15 @@ class _Retiring:
     def is_available(self) -> bool:
         return not self._draining() and super().is_available()  # type: ignore[misc]
 
-    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+    def handle_async_request(
+        self, request: httpcore.Request
+    ) -> Coroutine[Any, Any, httpcore.Response]:
+        # Not a coroutine itself but httpcore's, returned: one await less per request. The pool calls this
+        # inside the try that catches ConnectionNotAvailable.
         if self._draining():
             raise httpcore.ConnectionNotAvailable()
         self._started += 1
-        return await super().handle_async_request(request)  # type: ignore[misc, no-any-return]
+        return super().handle_async_request(request)  # type: ignore[misc, no-any-return]
 
 
 class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
@@ -258,37 +264,57 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
     """
 
     def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
         self._goaway: h2.events.ConnectionTerminated | None = None
         self._last_taken = 0  # the GOAWAY's last stream id: the streams above it the server never took
+        super().__init__(**kw)
         # Unused so far (httpcore makes it in __init__ and first touches it with the first request).
         self._h2_state = _GracefulH2State(config=self.CONFIG)
 
     def _draining(self) -> bool:
         return self._goaway is not None or super()._draining()
 
-    async def _read_incoming_data(self, request: httpcore.Request) -> list[h2.events.Event]:
+    # httpcore keeps a GOAWAY here and, once it is set, fails every stream on the connection before each
+    # read, the server's last one and those before it included. It is kept in _goaway instead.
+    @property
+    def _connection_terminated(self) -> None:
+        return None
+
+    @_connection_terminated.setter
+    def _connection_terminated(self, event: h2.events.ConnectionTerminated | None) -> None:
+        if event is None:
+            return
+        last = event.last_stream_id or 0
+        if self._goaway is None or last < self._last_taken:
+            self._goaway, self._last_taken = event, last
+            # httpcore writes ~17 times per request: only a connection that got a GOAWAY pays for this.
+            self._write_outgoing_data = self._write_after_goaway  # type: ignore[method-assign]
+
+    # The next two are not coroutines themselves but return httpcore's (an await less, several times a
+    # request), or, once a GOAWAY came, the ones below that look at it first.
+    def _receive_events(
+        self, request: httpcore.Request, stream_id: int | None = None
+    ) -> Coroutine[Any, Any, None]:
+        if self._goaway is None:
+            return super()._receive_events(request, stream_id)
+        return self._receive_after_goaway(request, stream_id)
+
+    def _read_incoming_data(
+        self, request: httpcore.Request
+    ) -> Coroutine[Any, Any, list[h2.events.Event]]:
+        if self._goaway is None:
+            return super()._read_incoming_data(request)
+        return self._read_after_goaway(request)
+
+    async def _read_after_goaway(self, request: httpcore.Request) -> list[h2.events.Event]:
+        # Called under the read lock, once httpcore found no event waiting for the caller's stream.
         if self._goaway is not None and self._drained():
-            # Every stream the server took has ended: nothing more will come for the rest, and a server that
-            # waits for the client to close would leave a read here hanging until the read timeout.
-            raise _Drained()
-        events = await super()._read_incoming_data(request)
-        for event in events:
-            if type(event) is h2.events.ConnectionTerminated:
-                return self._on_goaway(events)
-        return events
+            # Every stream the server took has ended, so the caller's is past the GOAWAY (sent before it was
+            # known), and nothing more will come: a server that waits for the client to close would leave this
+            # read hanging until the read timeout.
+            raise _NotProcessed(self._goaway, None)
+        return await super()._read_incoming_data(request)
 
-    def _on_goaway(self, events: list[h2.events.Event]) -> list[h2.events.Event]:
-        # Kept here, not where httpcore keeps it (_connection_terminated): httpcore fails every stream on the
-        # connection once it sees one, the server's last stream and those before it included.
-        for event in events:
-            if type(event) is h2.events.ConnectionTerminated:
-                last = event.last_stream_id or 0
-                if self._goaway is None or last < self._last_taken:
-                    self._goaway, self._last_taken = event, last
-        return [e for e in events if type(e) is not h2.events.ConnectionTerminated]
-
-    async def _receive_events(self, request: httpcore.Request, stream_id: int | None = None) -> None:
+    async def _receive_after_goaway(self, request: httpcore.Request, stream_id: int | None) -> None:
         self._check_taken(stream_id)
         try:
             await super()._receive_events(request, stream_id)
@@ -297,15 +323,12 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
             self._check_taken(stream_id)
             raise
 
-    async def _write_outgoing_data(self, request: httpcore.Request) -> None:
-        try:
-            await super()._write_outgoing_data(request)
-        except httpcore.WriteError:
-            # After a GOAWAY the server may close once its last reply is out, while this side still owes it
-            # flow-control frames for replies it has received: those are lost, not the replies. A reply still
-            # due fails on the read side instead, where it is told as it is.
-            if self._goaway is None:
-                raise
+    async def _write_after_goaway(self, request: httpcore.Request) -> None:
+        # After a GOAWAY the server may close once its last reply is out, while this side still owes it
+        # flow-control frames for replies it has received: those are lost, not the replies. A reply still due
+        # fails on the read side instead, where it is told as it is.
+        with contextlib.suppress(httpcore.WriteError):
+            await httpcore.AsyncHTTP2Connection._write_outgoing_data(self, request)
 
     def _drained(self) -> bool:
         """Whether each stream in flight is past the GOAWAY or ended (h2 has its END_STREAM, or a reset)."""
@@ -392,7 +415,9 @@ def _transport(http: HttpSettings, verify: ssl.SSLContext, limits: httpx.Limits,
 
 
 class Transport:
-    """One provider's connection pool. Opened lazily on first request; ``aclose()`` closes it.
+    """One provider's connection pool. ``prepare()`` builds it ahead of the first request (``ChatClient`` does
+    on entering); else the first request does, and its record keeps that apart as setup time. ``aclose()``
+    closes it.
 
     A pool that may speak HTTP/2 is one httpx client: its requests share a multiplexed connection. An
     HTTP/1.1-only pool queues here instead: a semaphore of ``max_connections`` slots, each slot a
@@ -423,7 +448,7 @@ class Transport:
             self._slots = asyncio.Semaphore(http.max_connections)
 
     def _client(self, slot: int) -> httpx.AsyncClient:
-        """Build slot ``slot``'s client (and the SSL context, the first time)."""
+        """Build slot ``slot``'s client (and the SSL context, if ``prepare`` has not)."""
         http = self.endpoint.http
         if self._verify is None:
             self._verify = _ssl_context(http)
@@ -435,6 +460,25 @@ class Transport:
             self.endpoint, self._verify, connections=connections, keepalive=keepalive
         )
         return client
+
+    async def prepare(self) -> None:
+        """Build the SSL context and the first slot's client now, so no request waits for them.
+
+        Loading the CA certificates is ~50 ms of CPU: it runs in a worker thread, off the event loop (a chat
+        app's), with the import httpcore would make on the first request. Never raises for a bad CA bundle:
+        the request that needs it does, as before. Safe to call again, and concurrently.
+        """
+        if not self._clients:
+            self._open()
+        if self._verify is None:
+            try:
+                verify = await asyncio.to_thread(_first_use, self.endpoint.http)
+            except errors.ConfigError:
+                return  # an unusable CA bundle: the first request meets it and says so, as it always did
+            if self._verify is None:
+                self._verify = verify
+        if self._clients and self._clients[0] is None:
+            self._client(0)
 
     async def _acquire(self) -> int:
         """A free slot, waiting up to http.pool_timeout_s for one; always 0 in a one-client pool."""
@@ -478,7 +522,8 @@ class Transport:
     ) -> AsyncIterator[WireResponse]:
         """Send one request and yield the open response (headers read, body not yet).
 
-        ``phases`` receives the stamps of this attempt; the wait for a free connection is in its pool wait.
+        ``phases`` receives the stamps of this attempt; the wait for a free connection is in its pool wait,
+        and building a slot's client on the way (a first request without ``prepare``) in its ``setup_ns``.
         Failures before the headers raise ``ConnectError``, ``TLSError``, ``TimeoutError`` (``phase="pool"``
         when no connection came free in time) or ``DisconnectedError``; the body's own failures surface while
         iterating.
@@ -486,7 +531,11 @@ class Transport:
         phases.start_ns = time.perf_counter_ns()
         slot = await self._acquire()
         try:
-            client = self._clients[slot] or self._client(slot)
+            client = self._clients[slot]
+            if client is None:
+                setup = time.perf_counter_ns()
+                client = self._client(slot)
+                phases.setup_ns = time.perf_counter_ns() - setup
             headers = {"Content-Type": "application/json"} if body is not None else {}
             if stream:
                 headers["Accept"] = "text/event-stream"
@@ -504,8 +553,10 @@ class Transport:
             finally:
                 # Cancellation (Esc) lands here too: closing releases or drops the connection at once. A
                 # connection that fails to close is gone all the same; the reply (or its own error) stands.
-                with contextlib.suppress(*_WIRE_ERRORS):
+                try:
                     await asyncio.shield(resp.aclose())
+                except _WIRE_ERRORS:
+                    pass
         finally:
             self._release(slot)
 
