@@ -157,6 +157,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "keyfile",
         "close_after_stream",
         "rtt_ms",
+        "max_requests_per_connection",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
