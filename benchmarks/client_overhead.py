@@ -253,7 +253,9 @@ def _clients_for(proto: str, chosen: list[str]) -> list[str]:
 def _server() -> Iterator[Any]:
     from llmchat.core.server import start_subprocess
 
-    with start_subprocess(["--profile", "instant"]) as server:
+    # Connections kept open for good: raw httpx and openai-python meet a GOAWAY after 1,000 streams as errors
+    # (httpcore fails every stream on the connection), and this measures client overhead, not that.
+    with start_subprocess(["--profile", "instant", "--max-requests-per-connection", "0"]) as server:
         yield server
 
 

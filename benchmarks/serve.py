@@ -165,7 +165,8 @@ async def plain_baseline(server: SubprocessServer, seconds: float) -> float:
 
 
 async def main_async(seconds: float, max_tokens: int) -> int:
-    with start_subprocess(["--profile", "instant"]) as server:
+    # Connections kept open for good: the raw httpx clients here would meet the GOAWAY after 1,000 requests.
+    with start_subprocess(["--profile", "instant", "--max-requests-per-connection", "0"]) as server:
         baseline = await plain_baseline(server, seconds)
         cells = [await run_cell(server, p, c, seconds, max_tokens) for p in PROTOCOLS for c in CONCURRENCY]
     print(

@@ -21,6 +21,8 @@ The timeline, stream mode (batch mode has one reply span instead of the last two
 A request that had to look its model up (GET /models, no model named) starts with that lookup: its connect
 and TLS (the connection it opened is the request's) and the rest as ``model lookup`` (network + server).
 
+- ``client setup``: building the client (SSL context, a connection slot's client) on the request's path, cut
+  from the pool-wait span; only a request on a transport not prepared ahead has it.
 - Parts sum to ``total_ms`` (exactly in integer nanoseconds; to float rounding in ms). ``unexplained`` takes
   the remainder: a span no stamp covers (a request that failed before its stamps were set), or, shown
   *negative*, a reported span longer than the measured span it should fit in (clocks, or a server that counts
@@ -93,6 +95,7 @@ PARTS: dict[str, tuple[str, Group, Source]] = {
     "encode": ("request encoding", "client", "measured"),
     "client_other": ("client (other)", "client", "measured"),
     "retries": ("retries and their waits", "retry", "measured"),
+    "client_setup": ("client setup", "client", "measured"),
     "pool_wait": ("pool wait", "client", "measured"),
     "connect": ("connect", "network", "measured"),
     "tls": ("TLS handshake", "network", "measured"),
@@ -321,13 +324,18 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
         send_start = None
     setup_end = send_start if send_start is not None else end
     first_conn = ph.connect_start_ns if ph.connect_start_ns is not None else send_start
-    pool = _span(attempt, first_conn, attempt, setup_end)
+    before_conn = _span(attempt, first_conn, attempt, setup_end)
+    # Building the client on the request's path (a transport not prepared ahead) precedes the first connection
+    # event like the pool wait does, and is not one.
+    client_setup = min(max(0, ph.setup_ns), before_conn)
+    pool = before_conn - client_setup
     connect = _span(ph.connect_start_ns, ph.connect_end_ns or setup_end, attempt, setup_end)
     tls = _span(ph.tls_start_ns, ph.tls_end_ns or setup_end, attempt, setup_end)
+    b.add("client_setup", client_setup)
     b.add("pool_wait", pool, keep_zero=True)
     b.add("connect", connect)
     b.add("tls", tls)
-    b.add("client_other", max(0, (setup_end - attempt) - pool - connect - tls))
+    b.add("client_other", max(0, (setup_end - attempt) - before_conn - connect - tls))
     if send_start is None:
         return b
 

@@ -194,6 +194,8 @@ class ChatClient:
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> ChatClient:
         self._transport = _pools.acquire(self.endpoint)
+        # Built now, not inside the first request's timings: that request's pool wait is then a pool wait.
+        await self._transport.prepare()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

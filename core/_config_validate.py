@@ -73,6 +73,7 @@ RULES: dict[str, Rule] = {
     "http.pool_timeout_s": _POSITIVE_SECONDS,
     "http.verify": Rule("true, false or the path of a CA bundle", lambda v: v != ""),
     "http.keepalive_ping_s": _NON_NEGATIVE_SECONDS,
+    "http.max_requests_per_connection": _NON_NEGATIVE_INT,
     "providers.*.base_url": Rule("an http:// or https:// URL", _is_http_url),
     "providers.*.api_key": _NON_EMPTY,
     "providers.*.api_key_env": Rule(
@@ -114,6 +115,7 @@ RULES: dict[str, Rule] = {
     "server.drop_rate": _PROBABILITY,
     "server.stall_ms": _NON_NEGATIVE_MS,
     "server.max_concurrency": _NON_NEGATIVE_INT,
+    "server.max_requests_per_connection": _NON_NEGATIVE_INT,
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,

@@ -111,12 +111,14 @@ class DisconnectedError(APIError):
     """The server closed the connection without sending a response.
 
     On a reused keep-alive connection this is the stale-connection case (llama.cpp closes after every stream)
-    and is retried on a fresh connection; ``reused`` says which it was.
+    and is retried on a fresh connection; ``reused`` says which it was. ``reason`` says why no response came:
+    "stale connection", or "goaway" / "refused stream" for an HTTP/2 request the server said it never took.
     """
 
-    def __init__(self, message: str, *, reused: bool, **kw: object) -> None:
+    def __init__(self, message: str, *, reused: bool, reason: str = "stale connection", **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.reused = reused
+        self.reason = reason
         self.retryable = reused
 
     @property

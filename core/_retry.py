@@ -41,7 +41,7 @@ class RetryEvent:
     """The number of the attempt about to be made, 2..max_attempts."""
     max_attempts: int
     reason: str
-    """Short: "429", "503", "connect", "timeout_connect", "stale connection" ..."""
+    """Short: "429", "503", "connect", "timeout_connect", "stale connection", "goaway" ..."""
     status: int | None
     wait_s: float
     wait_source: str
@@ -87,8 +87,9 @@ def plan_retry(
     reason = _reason(error)
     stale = isinstance(error, DisconnectedError) and error.reused
     if stale and not stale_retried:
-        # The server closed an idle keep-alive connection (llama.cpp does after every stream): nothing is
-        # wrong with the server, so the fresh connection goes out at once instead of after a backoff.
+        # The server closed an idle keep-alive connection (llama.cpp does after every stream), or said over
+        # HTTP/2 that it never took the request (GOAWAY, REFUSED_STREAM): nothing is wrong with the server, so
+        # the fresh connection goes out at once instead of after a backoff.
         wait_s, source = 0.0, "immediate"
     else:
         server_wait = _server_wait(error.headers, now)
@@ -201,7 +202,7 @@ class _Loop:
 
 def _reason(error: APIError) -> str:
     if isinstance(error, DisconnectedError) and error.reused:
-        return "stale connection"
+        return error.reason  # "stale connection", "goaway", "refused stream"
     if error.status is not None:
         return str(error.status)
     return error.kind

@@ -44,6 +44,11 @@ class HttpSettings:
     """Open the connection to the active provider before the first prompt (GET /v1/models)."""
     keepalive_ping_s: float = 30.0
     """While idle, ping the provider this often to keep the connection warm; 0 turns it off."""
+    max_requests_per_connection: int = 999
+    """Open a fresh connection after this many requests on one, letting those in flight finish; 0 never does.
+    999 stays just under the 1,000 after which nginx (keepalive_requests, HTTP/1.1 and HTTP/2) and hypercorn
+    retire a connection. A server's GOAWAY is honoured either way: no new request goes on that connection, and
+    one the server did not take is sent again at once on a new one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +196,10 @@ class ServerSettings:
     rtt_ms: float = 0.0
     """Delay bytes in each direction by half of this, so new connections and TLS handshakes cost what they
     cost across regions."""
+    max_requests_per_connection: int = 1000
+    """Retire a connection after this many requests, as nginx does by default (keepalive_requests): HTTP/1.1
+    with Connection: close on the last response, HTTP/2 with a GOAWAY as the last request arrives, finishing
+    the streams up to it; 0 keeps connections open for good (long benchmarks)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,10 @@ class Phases:
     send_start_ns: int | None = None
     send_end_ns: int | None = None
     headers_ns: int | None = None
+    setup_ns: int = 0
+    """A duration, not a stamp: building the client (SSL context, connection slot) on this attempt's path,
+    which happens only when the transport was not prepared ahead. Between the start and the first connection
+    event; not part of the pool wait."""
 
     @property
     def reused(self) -> bool:
@@ -66,9 +70,10 @@ class Phases:
 
     @property
     def pool_wait_ns(self) -> int | None:
-        """From the attempt's start to the first thing done on a connection: queueing for a pool slot."""
+        """From the attempt's start to the first thing done on a connection, less the setup: queueing for a
+        pool slot."""
         first = self.connect_start_ns if self.connect_start_ns is not None else self.send_start_ns
-        return None if first is None else first - self.start_ns
+        return None if first is None else max(0, first - self.start_ns - self.setup_ns)
 
 
 @dataclass(slots=True)

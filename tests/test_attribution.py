@@ -217,6 +217,18 @@ def test_tls_is_network_and_setup_gaps_are_client() -> None:
     assert_sums(a)
 
 
+def test_client_setup_on_the_request_path_is_its_own_part_not_pool_wait() -> None:
+    r = record(start=0.2, connect=(3.2, 4.0), send=(4.0, 4.5), first=120.0)
+    r.phases.setup_ns = int(2.5 * MS)  # the slot's client built on the way: 2.5 of the 3.0 ms before connecting
+    a = attribute(r)
+    parts = ms_of(a)
+    assert parts["client_setup"] == 2.5 and parts["pool_wait"] == 0.5
+    assert {p.key: p.group for p in a.parts}["client_setup"] == "client"
+    assert r.pool_wait_ms == 0.5
+    assert_sums(a)
+    assert "client_setup" not in ms_of(attribute(record(start=0.2, connect=(3.2, 4.0), send=(4.0, 4.5))))
+
+
 def test_a_request_that_failed_while_connecting_keeps_what_it_has() -> None:
     r = record(connect=(0.3, None), send=None, headers=None, first=None, end=40.0, error="refused",
                error_kind="connect")

@@ -167,6 +167,16 @@ def test_a_stale_reused_connection_is_retried_at_once_the_first_time() -> None:
     assert again.reason == "stale connection"
 
 
+@pytest.mark.parametrize("reason", ["goaway", "refused stream"])
+def test_a_request_the_server_did_not_take_goes_again_at_once_with_its_reason(reason: str) -> None:
+    # HTTP/2 says so outright (a GOAWAY's last stream below it, or REFUSED_STREAM): no backoff for a server
+    # that is only retiring a connection.
+    event = plan(DisconnectedError("not processed", reused=True, reason=reason))
+    assert event is not None
+    assert (event.wait_s, event.wait_source, event.reason) == (0.0, "immediate", reason)
+    assert event.describe() == f"retry 2/4 in 0.0 s ({reason}, immediate)"
+
+
 # -- plan_retry: how long --
 
 

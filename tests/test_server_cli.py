@@ -42,11 +42,13 @@ def test_flags_win_over_the_profile() -> None:
         "0",
         "--api-key",
         "k",
+        "--max-requests-per-connection",
+        "0",
     )
     settings = resolve_settings(flag_values(args))
     assert settings.profile == "slow" and settings.ttft_ms == 5.0 and settings.tokens_per_s == 15.0
     assert settings.models == ["a", "b"] and settings.close_after_stream and settings.port == 0
-    assert settings.api_key == "k" and settings.tls is False
+    assert settings.api_key == "k" and settings.tls is False and settings.max_requests_per_connection == 0
     assert flag_values(parse()) == {}
 
 
@@ -68,6 +70,8 @@ def test_help_lists_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
         (["--stall-ms", "inf"], "server.stall_ms must be a non-negative number, got inf"),
         (["--port", "70000"], "server.port must be an integer from 0 to 65535, got 70000"),
         (["--embedding-dim", "0"], "server.embedding_dim must be an integer from 1"),
+        (["--max-requests-per-connection", "-1"],
+         "server.max_requests_per_connection must be an integer from 0 to 100000000, got -1"),
         (["--keyfile", "k.pem"], "server.keyfile is set but server.certfile is not"),
         (["--certfile", "/nonexistent/c.pem", "--keyfile", "/nonexistent/k.pem"], "does not exist"),
     ],

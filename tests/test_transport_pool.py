@@ -6,6 +6,7 @@ its end drops its connection (httpcore cannot reuse a half-read HTTP/1.1 respons
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -14,6 +15,7 @@ import pytest
 
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings
 from llmchat.core import _errors as errors
+from llmchat.core._attribution import attribute
 from llmchat.core._client import ChatStream
 from llmchat.core.server import RunningServer
 
@@ -122,3 +124,42 @@ async def test_http2_pools_stay_one_multiplexed_connection(local_server: Running
     async with _client(local_server, http2="h2c", max_connections=4) as client:
         first = await _wave(client, 3)
     assert first.count(False) == 1
+
+
+async def test_pool_wait_is_the_wait_for_a_slot_and_building_the_client_is_setup(
+    local_server: RunningServer,
+) -> None:
+    # Not entered, so not prepared: the first request builds the slot's client on its way, and its record
+    # keeps that as setup, apart from the pool wait. The second waits for the one slot the first holds.
+    client = _client(local_server, max_connections=1, pool_timeout_s=5.0)
+    try:
+        async with client.stream(MSG, max_tokens=20) as a:
+            await _hold(a)
+            queued = asyncio.create_task(client.complete(MSG, max_tokens=5))
+            await asyncio.sleep(0.05)  # a real wait for the slot, however long it turns out to be
+            assert not queued.done()
+            released = time.perf_counter_ns()
+        b = (await asyncio.wait_for(queued, 5.0)).record
+    finally:
+        await client.aclose()
+    first = a.record.phases
+    assert first.setup_ns > 0 and b.phases.setup_ns == 0
+    # The span before the first connection event is the setup plus the pool wait, nothing dropped.
+    assert first.connect_start_ns is not None
+    assert first.pool_wait_ns == first.connect_start_ns - first.start_ns - first.setup_ns
+    # The queued request's pool wait covers at least the time the slot stayed taken after it started...
+    assert b.phases.pool_wait_ns is not None and b.phases.pool_wait_ns >= released - b.phases.start_ns
+    # ...and the first request, which found the slot free, waited far less than that.
+    assert first.pool_wait_ns is not None and first.pool_wait_ns < b.phases.pool_wait_ns
+    parts = {p.key: p.ms for p in attribute(a.record).parts}
+    assert parts["client_setup"] == pytest.approx(first.setup_ns / 1e6)
+    assert parts["pool_wait"] == pytest.approx(first.pool_wait_ns / 1e6)
+
+
+async def test_a_client_entered_builds_its_pool_before_the_first_request(local_server: RunningServer) -> None:
+    for http2 in ("h2c", False):
+        async with _client(local_server, http2=http2) as client:
+            assert client.transport.is_open  # built on entering, the SSL context off the event loop
+            reply = await client.complete(MSG, max_tokens=5)
+        assert reply.record.phases.setup_ns == 0 and not reply.record.connection_reused
+        assert "client_setup" not in {p.key for p in attribute(reply.record).parts}

@@ -105,6 +105,7 @@ def validate_settings(settings: ServerSettings) -> None:
     _check_int(settings, "port", 0, 65535)
     _check_int(settings, "rate_limit", 0, 10**9)
     _check_int(settings, "max_concurrency", 0, 10**6)
+    _check_int(settings, "max_requests_per_connection", 0, 10**8)
     _check_int(settings, "embedding_dim", 1, 65536)
     _check_int(settings, "default_max_tokens", 1, 1_000_000)
     _check_int(settings, "seed", -(2**63), 2**63 - 1)

@@ -30,6 +30,8 @@ from llmchat.core.server._app import ServerApp
 from llmchat.core.server._connections import ConnectionRegistry, TrackingSocket
 from llmchat.core.server._metrics import ServerMetrics
 from llmchat.core.server._profiles import validate_settings
+from llmchat.core.server._retire import NO_LIMIT
+from llmchat.core.server._retire import install as install_retiring_h2
 from llmchat.core.server._tls import TLSFiles, self_signed, user_files
 
 Handler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
@@ -70,12 +72,14 @@ class Listening:
 
 
 class _Config(Config):
-    """hypercorn's Config, serving the socket we bound instead of binding its own."""
+    """hypercorn's Config, serving the socket we bound instead of binding its own; ``retire_after`` is read by
+    ``RetiringH2Protocol``."""
 
     def __init__(self, sock: socket.socket, tls: bool) -> None:
         super().__init__()
         self._sock = sock
         self._tls = tls
+        self.retire_after = 0
 
     def create_sockets(self) -> Sockets:
         if self._tls:
@@ -108,6 +112,7 @@ async def _serve(
     metrics: ServerMetrics | None = None,
 ) -> None:
     validate_settings(settings)
+    install_retiring_h2()
     tls: TLSFiles | None = None
     if settings.certfile:
         tls = user_files(settings.certfile, settings.keyfile)
@@ -128,9 +133,10 @@ async def _serve(
         if tls is not None:
             config.certfile, config.keyfile = tls.certfile, tls.keyfile
         config.keep_alive_timeout = KEEP_ALIVE_S
-        # hypercorn closes a connection after 1,000 requests by default, cutting every HTTP/2 stream still on
-        # it: a benchmark's long-lived pool would see errors the real APIs never cause.
-        config.keep_alive_max_requests = 1_000_000_000
+        # A connection retires after max_requests_per_connection requests as nginx's do (see _retire):
+        # HTTP/1.1 by hypercorn's own Connection: close, HTTP/2 by RetiringH2Protocol's graceful GOAWAY.
+        config.retire_after = settings.max_requests_per_connection
+        config.keep_alive_max_requests = settings.max_requests_per_connection or NO_LIMIT
         config.graceful_timeout = GRACEFUL_S
         config.errorlog = _quiet_log()
         config.accesslog = None

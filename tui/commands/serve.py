@@ -102,6 +102,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                  "status, in flight, tokens sent) at http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the "
                  "metrics extra)"})
     a(
+        "--max-requests-per-connection",
+        type=int,
+        metavar="N",
+        help="retire a connection after N requests, as nginx does (default 1000): HTTP/1.1 with "
+        "Connection: close, HTTP/2 with a GOAWAY that lets the streams in flight finish; 0: never",
+    )
+    a(
         "--close-after-stream",
         action="store_true",
         default=None,
@@ -154,6 +161,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "close_after_stream",
         "split_surrogates",
         "rtt_ms",
+        "max_requests_per_connection",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
