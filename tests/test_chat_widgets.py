@@ -519,6 +519,15 @@ lazy continuation line
     indented code
     after a paragraph
 
+- a loose item
+
+  still the same item
+| not | a table |
+
+Para closed by a blank line
+
+    indented code after it
+
 Last line without a newline"""
 
 
@@ -542,6 +551,21 @@ def test_a_partial_line_never_settles_the_block_before_it() -> None:
     stream.sync()
     assert [block.kind for block in stream.settled] == ["paragraph_open"]
     assert stream.settled[0].tokens(stream.parser)[1].content == "A paragraph line\n#include <stdio.h>"
+
+
+def test_a_block_closed_by_a_blank_line_settles_before_the_next_line_is_complete() -> None:
+    # A prose paragraph is one long line: waiting for the next complete line to settle the one
+    # before it would render both again with every token.
+    stream = BlockStream()
+    stream.append("# Title\n\nFirst paragraph.\n\nSecond, still stre")
+    stream.sync()
+    assert [block.kind for block in stream.settled] == ["heading_open", "paragraph_open"]
+    assert [block.source for block in stream.tail] == ["Second, still stre"]
+    stream.append("aming.\n\n- a list item\n\n")
+    stream.sync()
+    # A list can go on after a blank line (a loose item, or text indented under it): it waits.
+    assert [block.kind for block in stream.settled][-1] == "paragraph_open"
+    assert [block.kind for block in stream.tail] == ["bullet_list_open"]
 
 
 def test_a_link_reference_defined_later_is_applied_at_the_end() -> None:

@@ -18,6 +18,8 @@ from markdown_it.token import Token
 _REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[[^\]\n]+\]:", re.M)
 _BLANK_LINE = re.compile(r"^[ \t]*\n", re.M)
 _OPENER = re.compile(r"^ {0,3}[#`~>*+\-_=|<0-9]", re.M)
+_CLOSED_BY_BLANK = frozenset(("paragraph_open", "heading_open", "table_open", "hr"))
+"""Blocks that nothing after a blank line can extend or change (a list, a quote or a fence can go on)."""
 
 
 def new_parser() -> MarkdownIt:
@@ -193,7 +195,9 @@ class BlockStream:
             # Settle only from complete lines: a partial last line such as "#" parses as a heading
             # now and may become "#include" (paragraph text) with the next token.
             if _may_start_block(text, self._checked_to, complete_end):
-                self._settle(text[self._tail_char : complete_end])
+                last_line = text.rfind("\n", 0, complete_end - 1) + 1
+                closed = _BLANK_LINE.match(text, last_line) is not None
+                self._settle(text[self._tail_char : complete_end], closed=closed)
             self._checked_to = complete_end
         self._tail = split_blocks(self._parser, text[self._tail_char :], self._tail_line)
         return len(self._settled) - settled_before
@@ -215,8 +219,16 @@ class BlockStream:
         self._tail = split_blocks(self._parser, text[self._tail_char :], self._tail_line)
         return False
 
-    def _settle(self, complete: str) -> None:
+    def _settle(self, complete: str, *, closed: bool) -> None:
+        """Settle the blocks of the complete lines ``complete`` but the last, which can still grow; the
+        last too if ``closed`` (the lines end with a blank one) and nothing can follow it: a prose
+        paragraph then stops being rendered again with every token of the one after it."""
         blocks = split_blocks(self._parser, complete, self._tail_line)
+        if closed and blocks and blocks[-1].kind in _CLOSED_BY_BLANK:
+            self._settled.extend(blocks)
+            self._tail_char += len(complete)
+            self._tail_line += complete.count("\n")
+            return
         if len(blocks) < 2:
             return
         last = blocks[-1]
