@@ -706,6 +706,68 @@ def test_a_partial_line_never_settles_the_block_before_it() -> None:
     assert stream.settled[0].tokens(stream.parser)[1].content == "A paragraph line\n#include <stdio.h>"
 
 
+class ParsingStream(BlockStream):
+    """A block stream that parses its tail again on every sync: the reference for the shortcut."""
+
+    def _lengthen_paragraph(self) -> bool:
+        return False
+
+
+def _blocks_of(stream: BlockStream) -> list[dict[str, object]]:
+    """The stream's blocks as comparable dicts: lines, source and every token."""
+    return [
+        {
+            "span": (b.start, b.end),
+            "source": b.source,
+            "tokens": [t.as_dict() for t in b.tokens(stream.parser)],
+        }
+        for b in stream.settled + stream.tail
+    ]
+
+
+PROSE = (
+    "A *first* paragraph with **bold**, `code` and a [link](https://example.org) that wraps. "
+    "Then more words, 日本語 and émoji 🚀 after it  \nand a second line.\n\n"
+    "Second _paragraph_ goes on and on with plain words only, then ends.\n"
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([REPLY, TRICKY, PROSE]), st.lists(st.integers(min_value=1, max_value=12), max_size=80))
+def test_lengthening_a_paragraph_without_parsing_gives_the_blocks_a_parse_gives(
+    text: str, sizes: list[int]
+) -> None:
+    # Deltas of a few characters to a dozen, as word pieces arrive: most of them go through the
+    # shortcut, and after each the blocks must be exactly those of parsing everything so far.
+    stream, reference, start = BlockStream(), ParsingStream(), 0
+    for size in [*sizes, len(text)]:
+        for each in (stream, reference):
+            each.append(text[start : start + size])
+            each.sync()
+        start += size
+        assert _blocks_of(stream) == _blocks_of(reference)
+        if start >= len(text):
+            break
+    stream.finish()
+    reference.finish()
+    assert _blocks_of(stream) == _blocks_of(reference)
+
+
+def test_a_word_added_to_a_paragraph_is_not_parsed_again() -> None:
+    stream = BlockStream()
+    stream.append("Some words *emphasised* then more ")
+    stream.sync()
+    before = stream.tail[0].tokens(stream.parser)
+    stream.append("plain words")
+    stream.sync()
+    after = stream.tail[0].tokens(stream.parser)
+    assert after[0] is before[0] and after[1] is not before[1]  # reused, not parsed again
+    assert after[1].content == "Some words *emphasised* then more plain words"
+    stream.append(" and *more")  # markup: parsed again
+    stream.sync()
+    assert stream.tail[0].tokens(stream.parser)[0] is not before[0]
+
+
 def test_a_block_closed_by_a_blank_line_settles_before_the_next_line_is_complete() -> None:
     # A prose paragraph is one long line: waiting for the next complete line to settle the one
     # before it would render both again with every token.
