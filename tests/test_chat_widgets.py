@@ -397,6 +397,39 @@ async def test_costly_frames_are_spaced_by_their_cost_over_the_frame_share() -> 
         assert all(gap >= 15e6 / _MAX_FRAME_SHARE for gap in gaps), gaps
 
 
+async def test_other_work_before_a_frame_is_on_screen_is_not_charged_to_the_frames_after_it() -> None:
+    class Busy(ChatMessage):
+        """Another widget on screen whose next repaint is slow (a chart, say)."""
+
+        burn_ns = 0
+
+        def render_line(self, y: int) -> Strip:
+            until_ns, Busy.burn_ns = thread_time_ns() + Busy.burn_ns, 0
+            while thread_time_ns() < until_ns:
+                pass
+            return super().render_line(y)
+
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        busy = Busy("a finished reply", status="done")
+        await mount_reply(app, pilot, busy)
+        message = PacedMessage()
+        await mount_reply(app, pilot, message)
+        for index in range(5):
+            await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
+            message.append(f"word{index} ")
+            await app.next_frame()
+        usual = max(message._frame_costs)
+        await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
+        message.append("slow ")
+        Busy.burn_ns = 50_000_000
+        busy.refresh()  # painted in the same screen update as that frame
+        await app.next_frame()
+        assert max(message._frame_costs) >= 50_000_000  # the frame's window held the slow repaint...
+        assert message._frame_cost_ns <= usual  # ...but the frames after it keep their usual pace
+        assert message._next_frame_ns - message.frame_starts[-1] < 50_000_000 / _MAX_FRAME_SHARE
+
+
 async def test_render_lag_is_reported_once_the_frame_was_written_to_the_terminal() -> None:
     class DisplayApp(ChatApp):
         def __init__(self) -> None:

@@ -43,12 +43,14 @@ scrollbar included) once every few rows instead of on every new row: about half 
 the current pace, within these bounds."""
 _MAX_FRAME_SHARE = 0.10
 """Most of a core that streaming frames take. A frame's cost is the CPU time from its start until it is
-on screen (rendering here, then Textual's layout and paint, and whatever else ran meanwhile); frames
-are spaced at least their average cost over this share apart. At 60 frames/s a frame may cost 1.7 ms;
-frames that cost more lower the frame rate instead of taking more of the machine."""
-_COST_WEIGHT = 8
-"""The average cost follows each new frame by 1/8: a frame that also laid the screen out (several
-times the cost of one that did not) slows the next few frames a little, not the next one a lot."""
+on screen (rendering here, then Textual's paint); frames are spaced at least their usual cost over this
+share apart. At 60 frames/s a frame may cost 1.7 ms; frames that cost more lower the frame rate
+instead of taking more of the machine."""
+_COSTS_KEPT = 9
+"""A frame's usual cost is the median of the last 9: that window also holds whatever else ran before
+the frame was on screen (the HUD's own repaint, the network), and now and then a layout of the whole
+screen, which comes with rows of growth, not with frames; a median leaves those out, an average would
+charge them to every frame and lower the frame rate for them."""
 
 
 def _same(old: Line, new: Line) -> bool:
@@ -145,8 +147,10 @@ class ChatMessage(FrozenLines):
         self._first_arrival_ns: int | None = None
         self._frame_interval_ns = int(1e9 / frame_rate)
         self._next_frame_ns = 0
+        self._frame_costs: deque[int] = deque(maxlen=_COSTS_KEPT)
+        """The CPU cost of the last frames until they were on screen (see ``_MAX_FRAME_SHARE``)."""
         self._frame_cost_ns = 0
-        """The average CPU cost of a frame until it is on screen (see ``_MAX_FRAME_SHARE``)."""
+        """Their median."""
         self._handle: asyncio.Handle | None = None
         """The next frame, scheduled on the event loop (cheaper than a Textual timer per frame)."""
         self._status: Status | None = None
@@ -388,9 +392,8 @@ class ChatMessage(FrozenLines):
     def _painted(self, first_arrival_ns: int, start_ns: int, cpu_start_ns: int) -> None:
         now = perf_counter_ns()
         self.app.post_message(self.RenderLag(max(0.0, (now - first_arrival_ns) / 1e6), self))
-        cost = thread_time_ns() - cpu_start_ns
-        average = self._frame_cost_ns
-        self._frame_cost_ns = cost if not average else average + (cost - average) // _COST_WEIGHT
+        self._frame_costs.append(thread_time_ns() - cpu_start_ns)
+        self._frame_cost_ns = sorted(self._frame_costs)[len(self._frame_costs) // 2]
         due = start_ns + int(self._frame_cost_ns / _MAX_FRAME_SHARE)
         if due > self._next_frame_ns:
             self._next_frame_ns = due
