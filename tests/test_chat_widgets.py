@@ -494,6 +494,8 @@ async def test_a_reply_removed_while_a_frame_is_due_renders_no_more() -> None:
         message.append("two")  # due in half a second
         await conversation.clear()
         await pilot.pause(0.7)
+        message.append(" and a late one")
+        await pilot.pause(0.7)
         assert message.renders == 1
 
 

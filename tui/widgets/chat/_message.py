@@ -220,7 +220,8 @@ class ChatMessage(FrozenLines):
         arrived = perf_counter_ns() if arrived_ns is None else arrived_ns
         if self._first_arrival_ns is None or arrived < self._first_arrival_ns:
             self._first_arrival_ns = arrived
-        if self._handle is None and self.is_mounted:
+        # A reply removed from the conversation stays "mounted" for Textual; it paints nothing more.
+        if self._handle is None and self.is_mounted and self.is_attached:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
 
     def finish(self, *, status: Status = "done", note: str = "") -> None:
