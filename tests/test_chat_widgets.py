@@ -397,24 +397,48 @@ async def test_costly_frames_are_spaced_by_their_cost_over_the_frame_share() -> 
         assert all(gap >= 15e6 / _MAX_FRAME_SHARE for gap in gaps), gaps
 
 
-async def test_other_work_before_a_frame_is_on_screen_is_not_charged_to_the_frames_after_it() -> None:
-    class Busy(ChatMessage):
-        """Another widget on screen whose next repaint is slow (a chart, say)."""
+class Busy(ChatMessage):
+    """Another widget on screen whose next repaint is slow (a chart, say)."""
 
-        burn_ns = 0
+    burn_ns = 0
 
-        def render_line(self, y: int) -> Strip:
-            until_ns, Busy.burn_ns = thread_time_ns() + Busy.burn_ns, 0
-            while thread_time_ns() < until_ns:
-                pass
-            return super().render_line(y)
+    def render_line(self, y: int) -> Strip:
+        until_ns, Busy.burn_ns = thread_time_ns() + Busy.burn_ns, 0
+        while thread_time_ns() < until_ns:
+            pass
+        return super().render_line(y)
 
+    @classmethod
+    def slow_next_repaint(cls, app: App[None]) -> None:
+        """Make the next repaint of the one on screen take 50 ms of CPU."""
+        cls.burn_ns = 50_000_000
+        app.query_one(cls).refresh()
+
+
+async def with_busy_neighbour(app: App[None], pilot: object) -> PacedMessage:
+    """A finished reply that can be made slow to repaint, and a streaming one after it."""
+    await mount_reply(app, pilot, Busy("a finished reply", status="done"))
+    message = PacedMessage()
+    await mount_reply(app, pilot, message)
+    return message
+
+
+async def test_a_slow_first_paint_does_not_hold_back_the_frames_after_it() -> None:
+    # A reply's first frame also lays it out: that is not what its next frames will cost.
     app = ChatApp()
     async with app.run_test(size=(80, 30)) as pilot:
-        busy = Busy("a finished reply", status="done")
-        await mount_reply(app, pilot, busy)
-        message = PacedMessage()
-        await mount_reply(app, pilot, message)
+        message = await with_busy_neighbour(app, pilot)
+        message.append("first ")
+        Busy.slow_next_repaint(app)
+        await app.next_frame()
+        assert max(message._frame_costs) >= 50_000_000
+        assert message._next_frame_ns - message.frame_starts[0] < 50_000_000 / _MAX_FRAME_SHARE
+
+
+async def test_other_work_before_a_frame_is_on_screen_is_not_charged_to_the_frames_after_it() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = await with_busy_neighbour(app, pilot)
         for index in range(5):
             await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
             message.append(f"word{index} ")
@@ -422,8 +446,7 @@ async def test_other_work_before_a_frame_is_on_screen_is_not_charged_to_the_fram
         usual = max(message._frame_costs)
         await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
         message.append("slow ")
-        Busy.burn_ns = 50_000_000
-        busy.refresh()  # painted in the same screen update as that frame
+        Busy.slow_next_repaint(app)  # painted in the same screen update as that frame
         await app.next_frame()
         assert max(message._frame_costs) >= 50_000_000  # the frame's window held the slow repaint...
         assert message._frame_cost_ns <= usual  # ...but the frames after it keep their usual pace

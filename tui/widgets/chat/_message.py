@@ -147,7 +147,9 @@ class ChatMessage(FrozenLines):
         self._first_arrival_ns: int | None = None
         self._frame_interval_ns = int(1e9 / frame_rate)
         self._next_frame_ns = 0
-        self._frame_costs: deque[int] = deque(maxlen=_COSTS_KEPT)
+        # Counted as free until measured: a reply's first frame also lays it out (tens of ms), and a
+        # median of that one sample would hold its first tokens back for hundreds of ms.
+        self._frame_costs: deque[int] = deque([0] * _COSTS_KEPT, maxlen=_COSTS_KEPT)
         """The CPU cost of the last frames until they were on screen (see ``_MAX_FRAME_SHARE``)."""
         self._frame_cost_ns = 0
         """Their median."""
