@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 
 import pytest
 from hypothesis import given, settings
@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.segment import Segment
 from textual.app import App, ComposeResult
+from textual.strip import Strip
 
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
 from llmchat.tui.widgets.chat._blocks import BlockStream, new_parser, split_blocks
 from llmchat.tui.widgets.chat._document import MarkdownDocument
 from llmchat.tui.widgets.chat._lines import Line, text_of
+from llmchat.tui.widgets.chat._message import _MAX_FRAME_SHARE
 from llmchat.tui.widgets.chat._render import MarkdownRenderer, Palette
 
 WAIT_S = 10.0
@@ -315,6 +317,215 @@ def _backgrounds(lines: list[Line]) -> set[object]:
     return {segment.style.bgcolor for line in lines for segment in line if segment.style is not None}
 
 
+# -- frame pacing
+
+
+class PacedMessage(ChatMessage):
+    """A reply that records when each frame taking in new text started, and may make frames costly."""
+
+    def __init__(self, *, frame_rate: float = 60.0, burn_ms: float = 0.0) -> None:
+        super().__init__(frame_rate=frame_rate)
+        self.frame_starts: list[int] = []
+        self.burn_ns = int(burn_ms * 1e6)
+
+    def _frame(self) -> None:
+        started, renders = perf_counter_ns(), self.renders
+        super()._frame()
+        if self.renders > renders:
+            self.frame_starts.append(started)
+
+    def build_lines(self, width: int) -> list[Line]:
+        # CPU time, so the cost is the same on a fast machine and on a busy one.
+        until_ns = thread_time_ns() + self.burn_ns
+        while thread_time_ns() < until_ns:
+            pass
+        return super().build_lines(width)
+
+
+async def mount_reply(app: App[None], pilot: object, message: ChatMessage) -> None:
+    """Mount ``message`` at the end of the conversation and let it settle."""
+    await app.query_one(Conversation).mount(message)
+    await pilot.pause()  # type: ignore[attr-defined]
+
+
+async def test_the_first_delta_after_a_pause_is_painted_on_the_next_turn_of_the_loop() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        message = PacedMessage(frame_rate=20.0)
+        await mount_reply(app, pilot, message)
+        message.append("First ")
+        await asyncio.sleep(0)  # one turn of the loop: not a frame interval, not even a timer's 1 ms
+        assert message.renders == 1
+        await app.next_frame()
+        message.append("soon after ")
+        await asyncio.sleep(0)
+        assert message.renders == 1  # within the frame interval: it waits for the next frame
+        await app.next_frame()
+        assert message.renders == 2
+        # A pause longer than the interval (and than the frames' cost allows): painted at once again.
+        await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
+        message.append("after a pause")
+        await asyncio.sleep(0)
+        assert message.renders == 3
+        await app.next_frame()
+        assert message.rendered_text() == "First soon after after a pause"
+
+
+async def test_deltas_faster_than_frames_are_coalesced_one_frame_interval_apart() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = PacedMessage(frame_rate=30.0)
+        await mount_reply(app, pilot, message)
+        deltas = 0
+        while len(message.frame_starts) < 4:
+            message.append(f"w{deltas} ")
+            deltas += 1
+            await asyncio.sleep(0.002)
+        await until(lambda: len(app.lags) >= message.renders, pilot)
+        assert message.renders == len(message.frame_starts) < deltas
+        gaps = [b - a for a, b in zip(message.frame_starts, message.frame_starts[1:], strict=False)]
+        interval_ns = 1e9 / 30.0
+        assert all(gap >= interval_ns - 1e6 for gap in gaps), gaps  # 1 ms for the recording itself
+
+
+async def test_costly_frames_are_spaced_by_their_cost_over_the_frame_share() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = PacedMessage(burn_ms=15.0)
+        await mount_reply(app, pilot, message)
+        while len(message.frame_starts) < 3:
+            message.append("word ")
+            await asyncio.sleep(0.005)
+        gaps = [b - a for a, b in zip(message.frame_starts, message.frame_starts[1:], strict=False)]
+        # 15 ms of CPU a frame at most 10 % of a core: 150 ms apart, not 1/60 s.
+        assert all(gap >= 15e6 / _MAX_FRAME_SHARE for gap in gaps), gaps
+
+
+class Busy(ChatMessage):
+    """Another widget on screen whose next repaint is slow (a chart, say)."""
+
+    burn_ns = 0
+
+    def render_line(self, y: int) -> Strip:
+        until_ns, Busy.burn_ns = thread_time_ns() + Busy.burn_ns, 0
+        while thread_time_ns() < until_ns:
+            pass
+        return super().render_line(y)
+
+    @classmethod
+    def slow_next_repaint(cls, app: App[None]) -> None:
+        """Make the next repaint of the one on screen take 50 ms of CPU."""
+        cls.burn_ns = 50_000_000
+        app.query_one(cls).refresh()
+
+
+async def with_busy_neighbour(app: App[None], pilot: object) -> PacedMessage:
+    """A finished reply that can be made slow to repaint, and a streaming one after it."""
+    await mount_reply(app, pilot, Busy("a finished reply", status="done"))
+    message = PacedMessage()
+    await mount_reply(app, pilot, message)
+    return message
+
+
+async def test_a_slow_first_paint_does_not_hold_back_the_frames_after_it() -> None:
+    # A reply's first frame also lays it out: that is not what its next frames will cost.
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = await with_busy_neighbour(app, pilot)
+        message.append("first ")
+        Busy.slow_next_repaint(app)
+        await app.next_frame()
+        assert max(message._frame_costs) >= 50_000_000
+        assert message._next_frame_ns - message.frame_starts[0] < 50_000_000 / _MAX_FRAME_SHARE
+
+
+async def test_other_work_before_a_frame_is_on_screen_is_not_charged_to_the_frames_after_it() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 30)) as pilot:
+        message = await with_busy_neighbour(app, pilot)
+        for index in range(5):
+            await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
+            message.append(f"word{index} ")
+            await app.next_frame()
+        usual = max(message._frame_costs)
+        await until(lambda: perf_counter_ns() > message._next_frame_ns, pilot)
+        message.append("slow ")
+        Busy.slow_next_repaint(app)  # painted in the same screen update as that frame
+        await app.next_frame()
+        assert max(message._frame_costs) >= 50_000_000  # the frame's window held the slow repaint...
+        assert message._frame_cost_ns <= usual  # ...but the frames after it keep their usual pace
+        assert message._next_frame_ns - message.frame_starts[-1] < 50_000_000 / _MAX_FRAME_SHARE
+
+
+async def test_render_lag_is_reported_once_the_frame_was_written_to_the_terminal() -> None:
+    class DisplayApp(ChatApp):
+        def __init__(self) -> None:
+            super().__init__()
+            self.displays: list[int] = []
+            self.seen_at_lag: list[tuple[int, int]] = []
+
+        def post_display_hook(self) -> None:
+            self.displays.append(perf_counter_ns())
+
+        def on_chat_message_render_lag(self, event: ChatMessage.RenderLag) -> None:
+            assert isinstance(event.chat_message, RowsMessage)
+            self.seen_at_lag.append((event.chat_message.last_row_painted, self.displays[-1]))
+            super().on_chat_message_render_lag(event)
+
+    class RowsMessage(ChatMessage):
+        last_row_painted = 0
+
+        def render_line(self, y: int) -> Strip:
+            strip = super().render_line(y)
+            if "words" in strip.text:
+                RowsMessage.last_row_painted = perf_counter_ns()
+            return strip
+
+    app = DisplayApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        message = RowsMessage()
+        await mount_reply(app, pilot, message)
+        appended = perf_counter_ns()
+        message.append("the words of the reply")
+        await app.next_frame()
+        painted, displayed = app.seen_at_lag[-1]
+        # The row holding the text was rendered for the screen, and the update written, before the lag.
+        assert appended < painted < displayed
+
+
+async def test_an_error_in_a_frame_reaches_textual_not_the_event_loop() -> None:
+    class Broken(ChatMessage):
+        def build_lines(self, width: int) -> list[Line]:
+            if self.text:
+                raise ZeroDivisionError("a bug in rendering")
+            return super().build_lines(width)
+
+    app = ChatApp()
+    with pytest.raises(ZeroDivisionError):
+        async with app.run_test(size=(80, 20)) as pilot:
+            message = Broken()
+            await mount_reply(app, pilot, message)
+            message.append("boom")
+            await pilot.pause(0.2)
+
+
+async def test_a_reply_removed_while_a_frame_is_due_renders_no_more() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(80, 20)) as pilot:
+        conversation = app.query_one(Conversation)
+        message = PacedMessage(frame_rate=2.0)
+        await conversation.mount(message)
+        await pilot.pause()
+        message.append("one ")
+        await app.next_frame()
+        message.append("two")  # due in half a second
+        await conversation.clear()
+        await pilot.pause(0.7)
+        message.append(" and a late one")
+        await pilot.pause(0.7)
+        assert message.renders == 1
+
+
 # -- the conversation
 
 
@@ -536,6 +747,15 @@ lazy continuation line
     indented code
     after a paragraph
 
+- a loose item
+
+  still the same item
+| not | a table |
+
+Para closed by a blank line
+
+    indented code after it
+
 Last line without a newline"""
 
 
@@ -559,6 +779,83 @@ def test_a_partial_line_never_settles_the_block_before_it() -> None:
     stream.sync()
     assert [block.kind for block in stream.settled] == ["paragraph_open"]
     assert stream.settled[0].tokens(stream.parser)[1].content == "A paragraph line\n#include <stdio.h>"
+
+
+class ParsingStream(BlockStream):
+    """A block stream that parses its tail again on every sync: the reference for the shortcut."""
+
+    def _lengthen_paragraph(self) -> bool:
+        return False
+
+
+def _blocks_of(stream: BlockStream) -> list[dict[str, object]]:
+    """The stream's blocks as comparable dicts: lines, source and every token."""
+    return [
+        {
+            "span": (b.start, b.end),
+            "source": b.source,
+            "tokens": [t.as_dict() for t in b.tokens(stream.parser)],
+        }
+        for b in stream.settled + stream.tail
+    ]
+
+
+PROSE = (
+    "A *first* paragraph with **bold**, `code` and a [link](https://example.org) that wraps. "
+    "Then more words, 日本語 and émoji 🚀 after it  \nand a second line.\n\n"
+    "Second _paragraph_ goes on and on with plain words only, then ends.\n"
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([REPLY, TRICKY, PROSE]), st.lists(st.integers(min_value=1, max_value=12), max_size=80))
+def test_lengthening_a_paragraph_without_parsing_gives_the_blocks_a_parse_gives(
+    text: str, sizes: list[int]
+) -> None:
+    # Deltas of a few characters to a dozen, as word pieces arrive: most of them go through the
+    # shortcut, and after each the blocks must be exactly those of parsing everything so far.
+    stream, reference, start = BlockStream(), ParsingStream(), 0
+    for size in [*sizes, len(text)]:
+        for each in (stream, reference):
+            each.append(text[start : start + size])
+            each.sync()
+        start += size
+        assert _blocks_of(stream) == _blocks_of(reference)
+        if start >= len(text):
+            break
+    stream.finish()
+    reference.finish()
+    assert _blocks_of(stream) == _blocks_of(reference)
+
+
+def test_a_word_added_to_a_paragraph_is_not_parsed_again() -> None:
+    stream = BlockStream()
+    stream.append("Some words *emphasised* then more ")
+    stream.sync()
+    before = stream.tail[0].tokens(stream.parser)
+    stream.append("plain words")
+    stream.sync()
+    after = stream.tail[0].tokens(stream.parser)
+    assert after[0] is before[0] and after[1] is not before[1]  # reused, not parsed again
+    assert after[1].content == "Some words *emphasised* then more plain words"
+    stream.append(" and *more")  # markup: parsed again
+    stream.sync()
+    assert stream.tail[0].tokens(stream.parser)[0] is not before[0]
+
+
+def test_a_block_closed_by_a_blank_line_settles_before_the_next_line_is_complete() -> None:
+    # A prose paragraph is one long line: waiting for the next complete line to settle the one
+    # before it would render both again with every token.
+    stream = BlockStream()
+    stream.append("# Title\n\nFirst paragraph.\n\nSecond, still stre")
+    stream.sync()
+    assert [block.kind for block in stream.settled] == ["heading_open", "paragraph_open"]
+    assert [block.source for block in stream.tail] == ["Second, still stre"]
+    stream.append("aming.\n\n- a list item\n\n")
+    stream.sync()
+    # A list can go on after a blank line (a loose item, or text indented under it): it waits.
+    assert [block.kind for block in stream.settled][-1] == "paragraph_open"
+    assert [block.kind for block in stream.tail] == ["bullet_list_open"]
 
 
 def test_a_link_reference_defined_later_is_applied_at_the_end() -> None:

@@ -18,6 +18,10 @@ from markdown_it.token import Token
 _REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[[^\]\n]+\]:", re.M)
 _BLANK_LINE = re.compile(r"^[ \t]*\n", re.M)
 _OPENER = re.compile(r"^ {0,3}[#`~>*+\-_=|<0-9]", re.M)
+_MARKUP = re.compile(r"[^\S ]|[\0\\`*_~\[\]!<&|\ufeff]")
+"""A character that may open or close inline markup (or a line break, or space other than " ")."""
+_CLOSED_BY_BLANK = frozenset(("paragraph_open", "heading_open", "table_open", "hr"))
+"""Blocks that nothing after a blank line can extend or change (a list, a quote or a fence can go on)."""
 
 
 def new_parser() -> MarkdownIt:
@@ -186,6 +190,8 @@ class BlockStream:
 
         Returns how many blocks settled in this call.
         """
+        if self._pending and self._lengthen_paragraph():
+            return 0
         text = self.text
         settled_before = len(self._settled)
         complete_end = text.rfind("\n") + 1
@@ -193,10 +199,54 @@ class BlockStream:
             # Settle only from complete lines: a partial last line such as "#" parses as a heading
             # now and may become "#include" (paragraph text) with the next token.
             if _may_start_block(text, self._checked_to, complete_end):
-                self._settle(text[self._tail_char : complete_end])
+                last_line = text.rfind("\n", 0, complete_end - 1) + 1
+                closed = _BLANK_LINE.match(text, last_line) is not None
+                self._settle(text[self._tail_char : complete_end], closed=closed)
             self._checked_to = complete_end
         self._tail = split_blocks(self._parser, text[self._tail_char :], self._tail_line)
         return len(self._settled) - settled_before
+
+    def _lengthen_paragraph(self) -> bool:
+        """Take in the buffered text without parsing it where parsing would only lengthen the tail's
+        last paragraph by it, which is most tokens of prose; True if it did.
+
+        That holds when the text goes on the paragraph's last line, which starts with a letter (so it
+        stays paragraph text whatever follows), holds no line break and no character that opens or
+        closes inline markup, and meets the text before at a space (delimiters next to the join see a
+        space either way): the paragraph's last text token then grows, and nothing else changes.
+        """
+        if self._finished or not self._tail:
+            return False
+        block = self._tail[-1]
+        tokens = block._tokens
+        if block.kind != "paragraph_open" or tokens is None or len(tokens) != 3:
+            return False
+        inline = tokens[1]
+        children = inline.children
+        if not children or children[-1].type != "text":
+            return False
+        delta, text = "".join(self._pending), self._text
+        if _MARKUP.search(delta) or not (text.endswith(" ") or delta.startswith(" ")):
+            return False
+        line = text[text.rfind("\n") + 1 :]
+        words = line.lstrip(" ")
+        if len(line) - len(words) > 3 or not words[:1].isalpha():
+            return False
+        if block.end != self._tail_line + text.count("\n", self._tail_char) + 1:
+            return False
+        spaces = text[len(text.rstrip()) :]
+        if spaces.strip(" "):
+            return False
+        # The paragraph's content is trimmed: spaces at its end count only once text follows them.
+        added = (spaces + delta).rstrip(" ")
+        if added:
+            last = children[-1].copy(content=children[-1].content + added)
+            grown = inline.copy(content=inline.content + added, children=[*children[:-1], last])
+            tokens = (tokens[0], grown, tokens[2])
+        self._tail[-1] = Block(tokens, block.start, block.end, block.source + delta)
+        self._text += delta
+        self._pending.clear()
+        return True
 
     def finish(self) -> bool:
         """Take in the buffered text and split the rest of it as final: ``tail`` is then final too.
@@ -215,8 +265,16 @@ class BlockStream:
         self._tail = split_blocks(self._parser, text[self._tail_char :], self._tail_line)
         return False
 
-    def _settle(self, complete: str) -> None:
+    def _settle(self, complete: str, *, closed: bool) -> None:
+        """Settle the blocks of the complete lines ``complete`` but the last, which can still grow; the
+        last too if ``closed`` (the lines end with a blank one) and nothing can follow it: a prose
+        paragraph then stops being rendered again with every token of the one after it."""
         blocks = split_blocks(self._parser, complete, self._tail_line)
+        if closed and blocks and blocks[-1].kind in _CLOSED_BY_BLANK:
+            self._settled.extend(blocks)
+            self._tail_char += len(complete)
+            self._tail_line += complete.count("\n")
+            return
         if len(blocks) < 2:
             return
         last = blocks[-1]

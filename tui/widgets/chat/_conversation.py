@@ -69,7 +69,7 @@ class Conversation(VerticalScroll):
         return message
 
     def add_assistant(
-        self, text: str = "", *, status: Status | None = None, note: str = "", frame_rate: float = 15.0
+        self, text: str = "", *, status: Status | None = None, note: str = "", frame_rate: float = 60.0
     ) -> ChatMessage:
         """Mount an assistant reply at the end and return it: streaming unless ``status`` is given.
 

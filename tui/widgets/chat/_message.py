@@ -1,9 +1,11 @@
 """The messages of a conversation: the user's text, and an assistant reply that streams in.
 
 A reply is a single leaf widget (see ``_frozen``). Deltas are only buffered as they arrive; a frame
-timer renders what came since the last frame, at most ``frame_rate`` times a second, and only the
-reply's tail is rendered again (see ``_document``). ``finish()`` renders the final text and the
-widget is then as cheap as any other finished message.
+renders what came since the last one, and only the reply's tail is rendered again (see
+``_document``). A delta that finds the last frame long enough ago is painted on the next turn of the
+loop; one that comes sooner waits for the next frame, which is due after ``frame_rate``'s interval or,
+if frames cost more, after their cost over ``_MAX_FRAME_SHARE``. ``finish()`` renders the final text
+and the widget is then as cheap as any other finished message.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.message import Message
-from textual.timer import Timer
 
 from llmchat.tui.widgets.chat._blocks import code_blocks
 from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
@@ -33,13 +34,23 @@ _HIGHLIGHT_SLICE_NS = 5_000_000
 """Most time one frame spends highlighting code; the rest waits for the next turn of the loop."""
 _RENDER_SLICE_NS = 8_000_000
 """Time from a frame's start after which no further block is rendered in that frame."""
-_SOONEST_NS = 1_000_000
+_SLICE_GAP_NS = 1_000_000
+"""Pause before the next slice of a frame that ran out of time or has highlighting left: input and
+the screen's own updates get the loop in between."""
 _HEADROOM_MIN, _HEADROOM_MAX = 4, 12
 """Rows a streaming reply reserves below its text, so it changes height (a layout of the whole screen,
 scrollbar included) once every few rows instead of on every new row: about half a second of growth at
 the current pace, within these bounds."""
-_MAX_BUSY_SHARE = 0.25
-"""A frame that took long delays the next one so frames never take more than this share of the loop."""
+_MAX_FRAME_SHARE = 0.10
+"""Most of a core that streaming frames take. A frame's cost is the CPU time from its start until it is
+on screen (rendering here, then Textual's paint); frames are spaced at least their usual cost over this
+share apart. At 60 frames/s a frame may cost 1.7 ms; frames that cost more lower the frame rate
+instead of taking more of the machine."""
+_COSTS_KEPT = 9
+"""A frame's usual cost is the median of the last 9: that window also holds whatever else ran before
+the frame was on screen (the HUD's own repaint, the network), and now and then a layout of the whole
+screen, which comes with rows of growth, not with frames; a median leaves those out, an average would
+charge them to every frame and lower the frame rate for them."""
 
 
 def _same(old: Line, new: Line) -> bool:
@@ -93,7 +104,14 @@ class ChatMessage(FrozenLines):
     """
 
     class RenderLag(Message):
-        """Time from the arrival of the oldest delta in a frame to that frame being on screen."""
+        """Time from the arrival of the oldest delta in a frame to that frame being on screen.
+
+        "On screen" is when Textual has written the screen update holding the frame's rows to its
+        driver (the terminal's output): the message is sent from a callback that Textual runs after
+        that refresh (``call_after_refresh``); the terminal's own drawing after that is not counted.
+        Posted to the app directly (no widget in between handles it): bubbling through the
+        conversation and the screen woke each of them, with their idle work, on every frame.
+        """
 
         def __init__(self, ms: float, chat_message: ChatMessage | None = None) -> None:
             super().__init__()
@@ -113,12 +131,14 @@ class ChatMessage(FrozenLines):
         *,
         status: Status | None = None,
         note: str = "",
-        frame_rate: float = 15.0,
+        frame_rate: float = 60.0,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        """``frame_rate``: most frames a second while streaming (coalescing); must be positive."""
+        """``frame_rate``: most frames a second while streaming (deltas arriving faster are coalesced);
+        must be positive. Textual paints at most 60 times a second (``TEXTUAL_FPS``), so more gains
+        nothing."""
         if frame_rate <= 0:
             raise ValueError(f"frame_rate must be positive, got {frame_rate!r}")
         super().__init__(name=name, id=id, classes=classes)
@@ -127,7 +147,14 @@ class ChatMessage(FrozenLines):
         self._first_arrival_ns: int | None = None
         self._frame_interval_ns = int(1e9 / frame_rate)
         self._next_frame_ns = 0
-        self._timer: Timer | None = None
+        # Counted as free until measured: a reply's first frame also lays it out (tens of ms), and a
+        # median of that one sample would hold its first tokens back for hundreds of ms.
+        self._frame_costs: deque[int] = deque([0] * _COSTS_KEPT, maxlen=_COSTS_KEPT)
+        """The CPU cost of the last frames until they were on screen (see ``_MAX_FRAME_SHARE``)."""
+        self._frame_cost_ns = 0
+        """Their median."""
+        self._handle: asyncio.Handle | None = None
+        """The next frame, scheduled on the event loop (cheaper than a Textual timer per frame)."""
         self._status: Status | None = None
         self._note = ""
         self._final = asyncio.Event()
@@ -173,7 +200,7 @@ class ChatMessage(FrozenLines):
 
         Code in a reply from history is highlighted once it is first seen; waiting starts it now.
         """
-        if self._status is not None and self._timer is None and self.is_mounted and not self._final.is_set():
+        if self._status is not None and self._handle is None and self.is_mounted and not self._final.is_set():
             self._schedule(0)
         await self._final.wait()
 
@@ -195,7 +222,8 @@ class ChatMessage(FrozenLines):
         arrived = perf_counter_ns() if arrived_ns is None else arrived_ns
         if self._first_arrival_ns is None or arrived < self._first_arrival_ns:
             self._first_arrival_ns = arrived
-        if self._timer is None and self.is_mounted:
+        # A reply removed from the conversation stays "mounted" for Textual; it paints nothing more.
+        if self._handle is None and self.is_mounted and self.is_attached:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
 
     def finish(self, *, status: Status = "done", note: str = "") -> None:
@@ -243,8 +271,13 @@ class ChatMessage(FrozenLines):
             elif not self.deferred:
                 self._schedule(0)
 
+    def on_unmount(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
     def first_painted(self) -> None:
-        if self._doc.finished and self._timer is None and not self._final.is_set():
+        if self._doc.finished and self._handle is None and not self._final.is_set():
             self._schedule(0)
 
     def estimate_height(self, width: int) -> int:
@@ -252,17 +285,28 @@ class ChatMessage(FrozenLines):
         return estimate_rows(self._doc.text, width) + status
 
     def _schedule(self, delay_ns: int) -> None:
-        if self._timer is not None:
-            self._timer.stop()
-        # Textual's Timer divides by its delay, so "now" is the shortest delay that yields the loop.
-        delay_s = max(delay_ns, _SOONEST_NS) / 1e9
-        self._timer = self.set_timer(delay_s, self._frame, name="chat-message-frame")
+        """Run a frame in ``delay_ns``, or on the next turn of the loop if that is 0 or less."""
+        if self._handle is not None:
+            self._handle.cancel()
+        loop = asyncio.get_running_loop()
+        if delay_ns > 0:
+            self._handle = loop.call_later(delay_ns / 1e9, self._run_frame)
+        else:
+            self._handle = loop.call_soon(self._run_frame)
+
+    def _run_frame(self) -> None:
+        self._handle = None
+        try:
+            self._frame()
+        except Exception as error:
+            # Raised again where Textual handles a widget's errors, not in the event loop's handler.
+            self.call_next(_raise, error)
 
     def _frame(self) -> None:
         """Paint the text that arrived since the last frame, and/or a slice of code highlighting."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
         start = perf_counter_ns()
         # CPU time, not wall time, paces frames: a busy machine that pre-empts the app must not slow them.
         cpu_start = thread_time_ns()
@@ -291,13 +335,14 @@ class ChatMessage(FrozenLines):
             self._render_deadline_ns = None
         complete = self._doc.complete(self.inner_width)
         if first_arrival is not None:
-            took = thread_time_ns() - cpu_start
-            self._next_frame_ns = start + max(self._frame_interval_ns, int(took / _MAX_BUSY_SHARE))
+            # A lower bound until the frame is on screen and its whole cost is known (``_painted``).
+            cost = max(thread_time_ns() - cpu_start, self._frame_cost_ns)
+            self._next_frame_ns = start + max(self._frame_interval_ns, int(cost / _MAX_FRAME_SHARE))
         if complete and self._unpainted_ns is not None:
-            self.call_after_refresh(self._painted, self._unpainted_ns)
+            self.call_after_refresh(self._painted, self._unpainted_ns, start, cpu_start)
             self._unpainted_ns = None
         if self._doc.busy or not complete:
-            self._schedule(0)
+            self._schedule(_SLICE_GAP_NS)
         elif self._pending:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
         elif self._doc.finished:
@@ -347,9 +392,16 @@ class ChatMessage(FrozenLines):
         per_half_second = int((lines - first_lines) / seconds / 2)
         return min(_HEADROOM_MAX, max(_HEADROOM_MIN, per_half_second))
 
-    def _painted(self, first_arrival_ns: int) -> None:
-        lag_ms = max(0.0, (perf_counter_ns() - first_arrival_ns) / 1e6)
-        self.post_message(self.RenderLag(lag_ms, self))
+    def _painted(self, first_arrival_ns: int, start_ns: int, cpu_start_ns: int) -> None:
+        now = perf_counter_ns()
+        self.app.post_message(self.RenderLag(max(0.0, (now - first_arrival_ns) / 1e6), self))
+        self._frame_costs.append(thread_time_ns() - cpu_start_ns)
+        self._frame_cost_ns = sorted(self._frame_costs)[len(self._frame_costs) // 2]
+        due = start_ns + int(self._frame_cost_ns / _MAX_FRAME_SHARE)
+        if due > self._next_frame_ns:
+            self._next_frame_ns = due
+            if self._handle is not None and self._pending and not self._doc.busy:
+                self._schedule(due - now)
 
     # -- lines
 
@@ -373,3 +425,7 @@ class ChatMessage(FrozenLines):
             )
         label = ("cancelled", "status.warning") if status == "cancelled" else ("from cache", "status.cached")
         return Text.assemble(label, (f" · {note}" if note else "", "status.muted"), end="")
+
+
+def _raise(error: Exception) -> None:
+    raise error
