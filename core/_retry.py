@@ -21,8 +21,8 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
 
-from ._errors import APIError, DisconnectedError, LLMChatError, RateLimitError, ServerError
-from ._settings import RetrySettings
+from llmchat.core._errors import APIError, DisconnectedError, LLMChatError, RateLimitError, ServerError
+from llmchat.core._settings import RetrySettings
 
 T = TypeVar("T")
 

@@ -23,12 +23,13 @@ from llmchat.core._config import (
 )
 from llmchat.core._config_validate import RULES, SUBTABLES
 from llmchat.core._errors import ConfigError
+from llmchat.core import _settings as _settings_module
 from llmchat.core._settings import HttpSettings, ProviderSettings, Settings, UISettings
 from llmchat.tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "config.example.toml"
-SETTINGS_SOURCE = REPO / "core" / "_settings.py"
+SETTINGS_SOURCE = Path(_settings_module.__file__)
 # Fake keys, long enough that mask_secret shows a tail: a test fails if any of them is printed whole.
 FILE_KEY = "sk-test-" + "abcdefghijklmnopqrstuvwx"
 ENV_KEY = "sk-test-" + "ZYXWVUTSRQPONMLKJIHGFEDC"
