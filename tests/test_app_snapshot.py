@@ -56,3 +56,19 @@ def test_help_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-u
     """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
     app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
     assert snap_compare(app, terminal_size=(120, 46), press=["f1"])
+
+
+def test_system_prompt_editor(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The palette's "Edit system prompt": the conversation's prompt over several lines, the keys in effect,
+    Cancel and Save."""
+    app = _app(tmp_path)
+
+    async def open_editor(pilot: Pilot[None]) -> None:
+        app.system_prompt = ("You are a terse assistant for latency questions.\n"
+                             "Answer in one line, in English.\n\n"
+                             "- give figures in ms\n- say which clock measured them")
+        app.action_system_prompt()
+        await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=open_editor)
