@@ -98,6 +98,12 @@ RULES: dict[str, Rule] = {
     "ui.sla_total_ms": _POSITIVE_MS,
     "ui.stall_s": _POSITIVE_SECONDS,
     "ui.hud_history": _POSITIVE_INT,
+    "ui.temperature": Rule("a number from 0 to 2", lambda v: 0 <= v <= 2),
+    "ui.max_tokens": _POSITIVE_INT,
+    "ui.export_dir": Rule(
+        "an absolute path, one starting with ~/, or empty",
+        lambda v: v in ("", "~") or v.startswith(("/", "~/")),
+    ),
     "ui.prices.*": Rule(
         "a table of input_per_mtok and output_per_mtok, non-negative prices per million tokens",
         lambda v: set(v) <= {"input_per_mtok", "output_per_mtok"} and all(p >= 0 for p in v.values()),

@@ -12,7 +12,7 @@ failing mid-session, it holds the history in memory and says so in ``state`` and
 Usage::
 
     async with HistoryStore() as store:
-        conv = await store.new_conversation(system_prompt="Be brief.")
+        conv = await store.new_conversation(system_prompt="Be brief.", generation=Generation(temperature=0))
         await store.add_user_message(conv, prompt)
         writer = store.reply_writer(await store.start_reply(conv, provider="local", model=m, mode="stream"))
         async for delta in stream:
@@ -34,12 +34,17 @@ from typing import Any, Literal, TypeVar, get_args
 from llmchat.core._history_db import MIGRATIONS, ConversationNotFoundError, Database
 from llmchat.core._history_file import HistoryError, HistoryState, default_history_path
 from llmchat.core._history_model import (
+    ORIGINS,
     Conversation,
     ConversationInfo,
+    Generation,
     Message,
+    Origin,
     export_markdown,
     export_records_json,
+    nest_headings,
     one_line,
+    storable_url,
     timing_line,
 )
 
@@ -48,14 +53,19 @@ __all__ = [
     "Conversation",
     "ConversationInfo",
     "ConversationNotFoundError",
+    "Generation",
     "HistoryError",
     "HistoryState",
     "HistoryStore",
     "Message",
+    "ORIGINS",
+    "Origin",
     "ReplyWriter",
     "default_history_path",
     "export_markdown",
     "export_records_json",
+    "nest_headings",
+    "storable_url",
     "timing_line",
 ]
 
@@ -189,9 +199,26 @@ class HistoryStore:
 
     # -- conversations ---------------------------------------------------------------------------------------
     async def new_conversation(self, *, title: str = "", system_prompt: str = "", provider: str = "",
-                               model: str = "") -> int:
-        """Creates a conversation and returns its id. An empty title is filled from the first user message."""
-        return await self._run(self._db.new_conversation, title, system_prompt, provider, model)
+                               model: str = "", origin: Origin = "", base_url: str = "",
+                               generation: Generation | None = None) -> int:
+        """Creates a conversation and returns its id. An empty title is filled from the first user message.
+
+        ``origin`` and ``base_url`` say how it reaches ``provider`` (see :data:`Origin`); the URL is kept
+        without credentials (:func:`storable_url`), and not at all for the offline demo. ``generation`` is
+        what every request of it sends."""
+        return await self._run(self._db.new_conversation, title, system_prompt, provider, model, origin,
+                               base_url, generation or Generation())
+
+    async def set_endpoint(self, conv_id: int, *, provider: str, model: str, origin: Origin = "",
+                           base_url: str = "") -> None:
+        """The conversation goes on with this provider and model (reached as ``origin`` says, at
+        ``base_url``, kept without credentials). ConversationNotFoundError for an unknown id."""
+        await self._run(self._db.set_endpoint, conv_id, provider, model, origin, base_url)
+
+    async def set_generation(self, conv_id: int, generation: Generation) -> None:
+        """Sets the generation settings every request of the conversation sends. ConversationNotFoundError
+        for an unknown id."""
+        await self._run(self._db.set_generation, conv_id, generation)
 
     async def list_conversations(self, limit: int = 200) -> list[ConversationInfo]:
         """Up to ``limit`` conversations, the most recently active first (activity order, not wall clock)."""
@@ -225,10 +252,12 @@ class HistoryStore:
         """
         return await self._run(self._db.add_message, conv_id, "user", text)
 
-    async def start_reply(self, conv_id: int, *, provider: str, model: str, mode: str) -> int:
+    async def start_reply(self, conv_id: int, *, provider: str, model: str, mode: str, origin: Origin = "",
+                          base_url: str = "") -> int:
         """Adds an empty assistant message with status "streaming" and returns its id; the conversation now
-        shows this provider and model. ConversationNotFoundError for an unknown id."""
-        return await self._run(self._db.start_reply, conv_id, provider, model, mode)
+        goes on with this provider and model, reached as ``origin`` and ``base_url`` say (as in
+        :meth:`set_endpoint`). ConversationNotFoundError for an unknown id."""
+        return await self._run(self._db.start_reply, conv_id, provider, model, mode, origin, base_url)
 
     def reply_writer(self, msg_id: int, *, flush_s: float = 1.0) -> ReplyWriter:
         """A writer that saves the reply ``msg_id`` (from :meth:`start_reply`) as it streams.

@@ -35,10 +35,13 @@ from llmchat.core._history_file import (
 from llmchat.core._history_model import (
     Conversation,
     ConversationInfo,
+    Generation,
     Message,
+    Origin,
     Role,
     Status,
     one_line,
+    storable_url,
     title_from,
 )
 
@@ -104,6 +107,18 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "DROP TABLE messages",
         "ALTER TABLE messages_v2 RENAME TO messages",
         "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
+    ),
+    # 3: what a conversation needs to be resumed faithfully: how it reached its provider (origin), the
+    # provider's API root (never a key: see storable_url) and the generation settings it sends (NULL: none).
+    # Older rows get origin '' (unknown: only the provider's name was kept) and no settings, which is what
+    # they were sent with.
+    (
+        "ALTER TABLE conversations ADD COLUMN origin TEXT NOT NULL DEFAULT ''"
+        " CHECK (origin IN ('', 'provider', 'base_url', 'offline'))",
+        "ALTER TABLE conversations ADD COLUMN base_url TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE conversations ADD COLUMN temperature REAL",
+        "ALTER TABLE conversations ADD COLUMN seed INTEGER",
+        "ALTER TABLE conversations ADD COLUMN max_tokens INTEGER",
     ),
 ]
 
@@ -303,15 +318,33 @@ class Database:
         rows = self.conn.execute("SELECT id FROM conversations ORDER BY touched DESC LIMIT 5").fetchall()
         return ConversationNotFoundError(conv_id, [int(r[0]) for r in rows])
 
-    def new_conversation(self, title: str, system_prompt: str, provider: str, model: str) -> int:
+    def new_conversation(self, title: str, system_prompt: str, provider: str, model: str, origin: Origin,
+                         base_url: str, generation: Generation) -> int:
         now = time.time()
         with _transaction(self.conn):
             cur = self.conn.execute(
                 "INSERT INTO conversations"
-                " (title, system_prompt, provider, model, created_at, updated_at, touched)"
-                " VALUES (?, ?, ?, ?, ?, ?, (SELECT COALESCE(MAX(touched), 0) + 1 FROM conversations))",
-                (one_line(title)[:TITLE_MAX], system_prompt, provider, model, now, now))
+                " (title, system_prompt, provider, model, origin, base_url, temperature, seed, max_tokens,"
+                " created_at, updated_at, touched)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " (SELECT COALESCE(MAX(touched), 0) + 1 FROM conversations))",
+                (one_line(title)[:TITLE_MAX], system_prompt, provider, model, origin, _url(origin, base_url),
+                 generation.temperature, generation.seed, generation.max_tokens, now, now))
             return int(cast(int, cur.lastrowid))
+
+    def set_endpoint(self, conv_id: int, provider: str, model: str, origin: Origin, base_url: str) -> None:
+        cur = self.conn.execute(
+            "UPDATE conversations SET provider = ?, model = ?, origin = ?, base_url = ? WHERE id = ?",
+            (provider, model, origin, _url(origin, base_url), conv_id))
+        if cur.rowcount == 0:
+            raise self.not_found(conv_id)
+
+    def set_generation(self, conv_id: int, generation: Generation) -> None:
+        cur = self.conn.execute(
+            "UPDATE conversations SET temperature = ?, seed = ?, max_tokens = ? WHERE id = ?",
+            (generation.temperature, generation.seed, generation.max_tokens, conv_id))
+        if cur.rowcount == 0:
+            raise self.not_found(conv_id)
 
     def list_conversations(self, limit: int) -> list[ConversationInfo]:
         rows = self.conn.execute(
@@ -345,7 +378,8 @@ class Database:
         with _transaction(self.conn, "BEGIN"):  # one snapshot: the count matches the messages
             row = self.conn.execute(
                 "SELECT c.id, c.title, c.created_at, c.updated_at, c.provider, c.model,"
-                " (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id), c.system_prompt"
+                " (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id), c.system_prompt,"
+                " c.origin, c.base_url, c.temperature, c.seed, c.max_tokens"
                 " FROM conversations c WHERE c.id = ?", (conv_id,)).fetchone()
             if row is None:
                 raise self.not_found(conv_id)
@@ -353,7 +387,8 @@ class Database:
                 "SELECT id, conversation_id, role, content, status, error, provider, model, mode, record,"
                 " created_at FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,)).fetchall()
         return Conversation(info=_info(row[:7]), system_prompt=str(row[7]),
-                            messages=[_message(r) for r in rows])
+                            messages=[_message(r) for r in rows], origin=_origin(row[8]),
+                            base_url=str(row[9]), generation=_generation(row[10:13]))
 
     # -- messages -------------------------------------------------------------------------------------------
     def add_message(self, conv_id: int, role: Role, text: str) -> int:
@@ -368,13 +403,16 @@ class Database:
                                   (title_from(text), conv_id))
             return int(cast(int, cur.lastrowid))
 
-    def start_reply(self, conv_id: int, provider: str, model: str, mode: str) -> int:
+    def start_reply(self, conv_id: int, provider: str, model: str, mode: str, origin: Origin,
+                    base_url: str) -> int:
         now = time.time()
         with _transaction(self.conn):
             self._touch(conv_id, now)
-            # The conversation remembers the latest provider and model: the list shows it, --continue uses it.
-            self.conn.execute("UPDATE conversations SET provider = ?, model = ? WHERE id = ?",
-                              (provider, model, conv_id))
+            # The conversation remembers where its latest reply came from: the list shows it, resuming (from
+            # the list or with --continue) reconnects to it.
+            self.conn.execute(
+                "UPDATE conversations SET provider = ?, model = ?, origin = ?, base_url = ? WHERE id = ?",
+                (provider, model, origin, _url(origin, base_url), conv_id))
             cur = self.conn.execute(
                 "INSERT INTO messages"
                 " (conversation_id, role, content, status, provider, model, mode, created_at)"
@@ -429,6 +467,25 @@ def _info(row: tuple[Any, ...]) -> ConversationInfo:
     return ConversationInfo(id=int(row[0]), title=str(row[1]), created_at=float(row[2]),
                             updated_at=float(row[3]), provider=str(row[4]), model=str(row[5]),
                             message_count=int(row[6]))
+
+
+def _url(origin: Origin, base_url: str) -> str:
+    """The URL to keep: none for the offline demo (its port is this run's), and never a key."""
+    return "" if origin == "offline" else storable_url(base_url)
+
+
+def _origin(value: object) -> Origin:
+    return value if value in ("provider", "base_url", "offline") else ""
+
+
+def _generation(row: tuple[Any, ...]) -> Generation:
+    # Typed on the way out: a hand-edited row ('0.7' as text, a float seed) must not reach a request as such.
+    temperature, seed, max_tokens = row
+    return Generation(
+        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        seed=int(seed) if isinstance(seed, int) else None,
+        max_tokens=int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else None,
+    )
 
 
 def _record(text: object) -> dict[str, Any] | None:

@@ -8,14 +8,26 @@ never request headers, so nothing here can carry an API key.
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from llmchat.core._config_secrets import is_secret_header
 
 Role = Literal["user", "assistant", "system"]
 #: "streaming" while a reply is written (and forever when the process writing it was killed); "cancelled" when
 #: the user stopped it; "interrupted" when llmchat quit or closed the history mid-reply.
 Status = Literal["streaming", "done", "cancelled", "interrupted", "error"]
+
+#: How a conversation reached its provider, so that resuming it can reach the same one: "provider", a provider
+#: configured by name; "base_url", an ad-hoc ``--base-url`` (its URL is kept, never a key); "offline", the
+#: offline demo's local server (its port changes each run: it is "the local server", not a URL); "" unknown
+#: (a conversation saved before llmchat kept this: only the provider's name is known).
+Origin = Literal["provider", "base_url", "offline", ""]
+ORIGINS: tuple[Origin, ...] = ("provider", "base_url", "offline", "")
 
 #: A default title is cut to this many characters, on one line.
 TITLE_CHARS = 60
@@ -39,6 +51,101 @@ def title_from(text: str, limit: int = TITLE_CHARS) -> str:
     if space >= (limit * 2) // 3:
         cut = cut[:space]
     return cut.rstrip() + "…"
+
+
+def storable_url(url: str) -> str:
+    """``url`` as the history may keep it: without user name and password, without a query parameter whose
+    name looks like a credential (``?key=``, ``&token=``) and without a fragment. A key is never stored; a URL
+    that needed one in it gets it again from the command line or the config. "" for something not a URL."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return ""
+    if parts.scheme not in ("http", "https") or not host:
+        return ""
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    pairs = [(n, v) for n, v in parse_qsl(parts.query, keep_blank_values=True) if not is_secret_header(n)]
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), urlencode(pairs), ""))
+
+
+#: What the generation settings accept: (lowest, highest, whole numbers only). The same bounds as
+#: ``llmchat ask --temperature / --seed / --max-tokens``.
+_BOUNDS: dict[str, tuple[float | None, float | None, bool]] = {
+    "temperature": (0.0, 2.0, False),
+    "seed": (None, None, True),
+    "max_tokens": (1, None, True),
+}
+
+
+def _number_text(value: float) -> str:
+    """A number as a person writes it: ``0``, ``0.7``, ``1234567890``; never rounded."""
+    if isinstance(value, int):
+        return str(value)
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    """The generation settings a conversation sends with every request; None sends nothing (the server's
+    default). A temperature of 0 or a seed makes a batch reply cacheable under the "deterministic" policy."""
+
+    temperature: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The request parameters: only the settings that are set."""
+        out: dict[str, Any] = {}
+        if self.temperature is not None:
+            out["temperature"] = self.temperature
+        if self.seed is not None:
+            out["seed"] = self.seed
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        return out
+
+    def describe(self) -> str:
+        """One line for the user: ``temperature 0 · seed 7``, or ``server defaults`` when nothing is set."""
+        shown = [f"{name.replace('_', ' ')} {_number_text(value)}" for name, value in self.params().items()]
+        return " · ".join(shown) or "server defaults"
+
+    def shown(self, name: str) -> str:
+        """The setting ``name`` as text to edit: ``"0.7"``, or ``""`` when not set."""
+        value = getattr(self, name)
+        return "" if value is None else _number_text(value)
+
+
+    def with_text(self, name: str, text: str) -> Generation:
+        """A copy with ``name`` ("temperature", "seed" or "max_tokens") set from what a person typed; empty
+        text unsets it. ValueError with one line saying what is wanted for anything else."""
+        low, high, whole = _BOUNDS[name]
+        text = text.strip()
+        if not text:
+            return self._with(name, None)
+        if low is not None and high is not None:
+            bounds = f" from {low:g} to {high:g}"
+        elif low is not None:
+            bounds = f" of at least {low:g}"
+        else:
+            bounds = ""
+        wanted = f"{name.replace('_', ' ')} must be {'a whole number' if whole else 'a number'}{bounds}"
+        try:
+            value: float = int(text) if whole else float(text)
+        except ValueError:
+            raise ValueError(f"{wanted} (or empty for the server's default), got {text!r}") from None
+        out_of_range = (low is not None and value < low) or (high is not None and value > high)
+        if not math.isfinite(value) or out_of_range:
+            raise ValueError(f"{wanted} (or empty for the server's default), got {text}")
+        return self._with(name, value)
+
+    def _with(self, name: str, value: float | None) -> Generation:
+        changes: dict[str, Any] = {name: value}
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,11 +187,17 @@ class Message:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Conversation:
-    """A whole conversation: its list line, its system prompt and its messages, oldest first."""
+    """A whole conversation: its list line, its system prompt, its messages (oldest first), where it was
+    held (``info.provider`` and ``info.model``, with ``origin`` and ``base_url``: see :data:`Origin`) and the
+    generation settings it sends."""
 
     info: ConversationInfo
     system_prompt: str = ""
     messages: list[Message] = field(default_factory=list)
+    origin: Origin = ""
+    base_url: str = ""
+    """The provider's API root when the conversation was last used ("" for the offline demo's server)."""
+    generation: Generation = field(default_factory=Generation)
 
     @property
     def id(self) -> int:
@@ -186,22 +299,75 @@ def _when(wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(wall))
 
 
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_ATX = re.compile(r"^( {0,3})(#{1,6})(?=[ \t]|$)")
+_SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+#: Lines that are something else than a paragraph's text, so a --- under them is no heading underline.
+_NOT_PARAGRAPH = re.compile(r"^(?: {4}|\t| {0,3}(?:[-+*>#|]|\d{1,9}[.)])(?:[ \t]|$))")
+
+
+def nest_headings(markdown: str, levels: int = 2) -> str:
+    """``markdown`` with each heading moved ``levels`` down (``#`` is ``###``, at most ``######``), so a
+    message's own headings sit under the export's ``## Assistant`` instead of beside it.
+
+    Fenced code (``` or ~~~) is left exactly as it is: a ``#`` there is a comment, not a heading. A one-line
+    setext heading (a paragraph line underlined with === or ---) becomes a ``#`` heading at its new level.
+    """
+    out: list[str] = []
+    fence: tuple[str, int] | None = None  # the open fence's character and length
+    for line in markdown.split("\n"):
+        m = _FENCE.match(line)
+        if fence is not None:
+            if m and m[1][0] == fence[0] and len(m[1]) >= fence[1] and not m[2].strip():
+                fence = None
+            out.append(line)
+            continue
+        if m and not (m[1][0] == "`" and "`" in m[2]):  # a backtick fence's info string holds no backtick
+            fence = (m[1][0], len(m[1]))
+            out.append(line)
+            continue
+        if atx := _ATX.match(line):
+            out.append(atx[1] + "#" * min(6, len(atx[2]) + levels) + line[atx.end():])
+            continue
+        setext = _SETEXT.match(line)
+        start = _paragraph_start(out) if setext else None
+        if setext and start is not None:
+            level = (1 if setext[1][0] == "=" else 2) + levels
+            out[start:] = ["#" * min(6, level) + " " + " ".join(t.strip() for t in out[start:])]
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _paragraph_start(out: list[str]) -> int | None:
+    """Where the paragraph that ends ``out`` starts, when a setext underline under it makes it a heading: a
+    run of text lines after a blank line (or the start), none a list item, quote, table row, code or
+    heading. None otherwise (then a --- under it is a rule, and === is text)."""
+    start = len(out)
+    while start > 0 and out[start - 1].strip():
+        start -= 1
+    if start == len(out) or any(_NOT_PARAGRAPH.match(text) for text in out[start:]):
+        return None
+    return start
+
+
 def export_markdown(conv: Conversation) -> str:
     """The conversation as a Markdown document: title, system prompt, then each message under a role heading.
 
     A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)") and in
-    an italic line after what arrived of it; each reply ends with its model and timing line in italics. Never
-    fails for a well-formed ``Conversation``.
+    an italic line after what arrived of it; each reply ends with its model and timing line in italics. The
+    messages' own headings are nested under their role heading (:func:`nest_headings`). Never fails for a
+    well-formed ``Conversation``.
     """
     title = conv.title or f"Conversation {conv.id}"
     lines = [f"# {title}", "", f"*Conversation {conv.id} · started {_when(conv.info.created_at)} · "
              f"{len(conv.messages)} {'message' if len(conv.messages) == 1 else 'messages'}*", ""]
     if conv.system_prompt:
-        lines += ["## System prompt", "", conv.system_prompt.rstrip(), ""]
+        lines += ["## System prompt", "", nest_headings(conv.system_prompt.rstrip()), ""]
     for msg in conv.messages:
         lines += [_heading(msg), ""]
         if msg.content:
-            lines += [msg.content.rstrip(), ""]
+            lines += [nest_headings(msg.content.rstrip()), ""]
         mark = partial_mark(msg)
         if mark:
             lines += [mark, ""]

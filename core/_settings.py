@@ -139,6 +139,19 @@ class UISettings:
     """Start in stream mode (true) or batch mode (false)."""
     prices: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per-model prices per million tokens (input_per_mtok, output_per_mtok), for the HUD's estimated cost."""
+    temperature: float | None = None
+    """Sampling temperature, 0 to 2, sent with every request of a new conversation; not set sends none (the
+    server's default). 0 makes batch replies cacheable under cache policy "deterministic". The palette
+    changes it per conversation, which keeps it."""
+    seed: int | None = None
+    """A fixed seed sent with every request of a new conversation; not set sends none. A seed makes batch
+    replies cacheable under cache policy "deterministic". The palette changes it per conversation."""
+    max_tokens: int | None = None
+    """The longest reply, in tokens, asked of every request of a new conversation; not set leaves it to the
+    server. The palette changes it per conversation."""
+    export_dir: str = ""
+    """The folder the app's exports go to (an absolute path, or one starting with ~/); empty means
+    $XDG_DATA_HOME/llmchat/exports. An export never replaces a file: a taken name gets a number."""
 
 
 @dataclass(frozen=True, kw_only=True)

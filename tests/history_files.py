@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from llmchat.core._history import HistoryStore
+from llmchat.core._history import MIGRATIONS, HistoryStore
 
 
 async def _fill(db: Path, conversations: int) -> None:
@@ -38,6 +38,26 @@ async def make_history(db: Path, conversations: int = 3) -> None:
     """A valid history with ``conversations`` conversations (one question, one answer each), closed."""
     db.parent.mkdir(parents=True, exist_ok=True)
     await _fill(db, conversations)
+
+
+def make_old_history(db: Path, version: int) -> None:
+    """A history as the llmchat of schema ``version`` left it, made with that llmchat's own statements
+    (``MIGRATIONS[:version]``), in WAL mode, closed: conversation 1, "old one", held with provider
+    "slow-llama" and model "llama3" with system prompt "Be brief.", one question and its answer."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        for migration in MIGRATIONS[:version]:
+            for statement in migration:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {version:d}")
+        conn.execute("INSERT INTO conversations (title, system_prompt, provider, model, created_at,"
+                     " updated_at, touched) VALUES ('old one', 'Be brief.', 'slow-llama', 'llama3', 1, 2, 1)")
+        conn.execute("INSERT INTO messages (conversation_id, role, content, status, created_at)"
+                     " VALUES (1, 'user', 'how slow?', 'done', 1)")
+        conn.execute("INSERT INTO messages (conversation_id, role, content, status, provider, model, mode,"
+                     " record, created_at) VALUES (1, 'assistant', 'very', 'done', 'slow-llama', 'llama3',"
+                     " 'stream', '{\"model\": \"llama3\", \"total_ms\": 900.0}', 2)")
 
 
 def overwrite_pages(db: Path, first: int = 2, count: int = 4, seed: int = 7) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -106,7 +107,9 @@ async def test_batch_mode_shows_a_cache_hit(local_server: RunningServer, tmp_pat
         second = await _send(pilot, app, "cache me")
         await _until(pilot, lambda: second.is_final)
         assert first.status == "done" and second.status == "cached"
-        assert second.text == first.text and "from cache" in second.note
+        assert second.text == first.text
+        # The status line says "from cache" once, then the model and the lookup's time: no rate, no TTFT.
+        assert re.fullmatch(r"from cache · llmchat-local · \d+ ms", second.rendered_text().splitlines()[-1])
         hud = app.query_one(Hud)
         await _until(pilot, lambda: hud.metrics.cache_hits == 1)
 

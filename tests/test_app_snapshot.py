@@ -4,15 +4,19 @@ with ``pytest tests/test_app_snapshot.py --snapshot-update`` and look at the SVG
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import replace
 from pathlib import Path
 
 from test_hud_snapshots import feed, stream_records
 from textual.pilot import Pilot
+from textual.widgets import TextArea
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings
 from llmchat.core._history import HistoryStore
 from llmchat.tui.app import ChatApp, make_app
+from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.widgets.chat import Conversation
 
 REPLY = """Here is the **short** answer, with a table and some code.
@@ -56,3 +60,25 @@ def test_help_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-u
     """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
     app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
     assert snap_compare(app, terminal_size=(120, 46), press=["f1"])
+
+
+def test_system_prompt_editor(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The palette's "Edit system prompt": the conversation's prompt over several lines, the keys in effect,
+    Cancel and Save."""
+    app = _app(tmp_path)
+
+    async def open_editor(pilot: Pilot[None]) -> None:
+        app.system_prompt = ("You are a terse assistant for latency questions.\n"
+                             "Answer in one line, in English.\n\n"
+                             "- give figures in ms\n- say which clock measured them")
+        app.action_system_prompt()
+        # Until the editor is up with the prompt in it and the cursor settled (a condition, not a guess).
+        deadline = time.monotonic() + 10
+        while not (isinstance(app.screen, SystemPromptScreen) and app.screen.query(TextArea)
+                   and app.screen.query_one(TextArea).text == app.system_prompt):
+            assert time.monotonic() < deadline, "the system prompt editor did not open"
+            await pilot.pause(0.02)
+        app.screen.query_one(TextArea).cursor_blink = False  # a blinking cursor is there in one frame of two
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=open_editor)

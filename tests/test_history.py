@@ -98,7 +98,7 @@ async def test_default_path_follows_xdg_and_is_private(tmp_path: Path) -> None:
 
 
 async def test_schema_version_wal_and_pragmas(store: HistoryStore, db: Path) -> None:
-    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(2,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(3,)]
     assert peek(db, "PRAGMA journal_mode") == [("wal",)]
     tables = {r[0] for r in peek(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"conversations", "messages"} <= tables
@@ -129,7 +129,7 @@ async def test_migrations_run_once_and_upgrade_an_older_file(
     for _ in range(3):
         async with HistoryStore(db) as store:
             assert (await store.load(conv)).title == "from v1"
-    assert peek(db, "PRAGMA user_version") == [(3,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS) + 1,)]
     assert peek(db, "SELECT COUNT(*) FROM extra") == [(1,)]
 
 
@@ -144,7 +144,7 @@ async def test_two_windows_open_a_new_file_at_once_and_share_it(db: Path) -> Non
     finally:
         await first.aclose()
         await second.aclose()
-    assert peek(db, "PRAGMA user_version") == [(2,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)]
 
 
 async def test_a_failed_migration_leaves_the_file_at_its_version(
@@ -157,7 +157,7 @@ async def test_a_failed_migration_leaves_the_file_at_its_version(
     with pytest.raises(HistoryError) as err:
         await HistoryStore(db).open()
     one_line_naming(err.value, db, "no_such_table")
-    assert peek(db, "PRAGMA user_version") == [(2,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)]
     assert peek(db, "SELECT name FROM sqlite_master WHERE name = 'half'") == []
 
 

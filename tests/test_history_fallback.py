@@ -17,13 +17,21 @@ from history_files import (
     damage_while_open,
     file_state,
     make_history,
+    make_old_history,
     no_file_can_grow,
     overwrite_pages,
     read_only,
 )
 
 from llmchat.core import _history_file
-from llmchat.core._history import MIGRATIONS, HistoryError, HistoryStore, export_markdown, export_records_json
+from llmchat.core._history import (
+    MIGRATIONS,
+    Generation,
+    HistoryError,
+    HistoryStore,
+    export_markdown,
+    export_records_json,
+)
 from llmchat.core._history_file import set_aside_command, shell_quote
 from llmchat.tui.cli import main
 
@@ -95,15 +103,13 @@ async def test_a_read_only_file_is_reported_with_the_command_that_fixes_it(db: P
 
 
 async def test_a_read_only_store_reads_without_writing_or_migrating(db: Path) -> None:
-    await make_history(db)
-    with closing(sqlite3.connect(db)) as conn:  # as today's llmchat left it, one schema version back
-        conn.execute("PRAGMA user_version = 1")
+    make_old_history(db, version=len(MIGRATIONS) - 1)  # as the llmchat before this one left it
     before = file_state(db)
     async with HistoryStore(db, read_only=True) as store:
         assert store.state == "read-only" and store.problem == ""
         conv = await store.load(await store.last_conversation_id() or 0)
-        assert conv.title == "conversation 2"
-    assert file_state(db) == before and peek(db, "PRAGMA user_version") == [(1,)]
+        assert conv.title == "old one" and conv.origin == "" and conv.generation == Generation()
+    assert file_state(db) == before and peek(db, "PRAGMA user_version") == [(len(MIGRATIONS) - 1,)]
 
 
 # -- damaged -------------------------------------------------------------------------------------------------
@@ -247,7 +253,7 @@ async def test_todays_schema_migrates_keeping_rows_ids_and_the_id_counter(db: Pa
         writer.append("cut")
         await writer.finish(status="interrupted")
         assert writer.msg_id == 4
-    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)] == [(2,)]
+    assert peek(db, "PRAGMA user_version") == [(len(MIGRATIONS),)]
     assert peek(db, "SELECT status FROM messages WHERE id = 4") == [("interrupted",)]
     assert peek(db, "PRAGMA foreign_key_check") == [] and peek(db, "PRAGMA integrity_check") == [("ok",)]
 

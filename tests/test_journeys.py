@@ -320,8 +320,8 @@ def test_esc_cancels_a_reply_and_keeps_what_arrived_on_screen_in_history_and_aft
 def test_ctrl_b_switches_to_batch_mode_and_the_same_prompt_comes_from_the_cache(
     terminals: TerminalSession, quick: SubprocessServer
 ) -> None:
-    # The default policy "deterministic" caches only requests with temperature 0 or a seed, and the app sends
-    # neither: "always" caches every batch request.
+    # The default policy "deterministic" caches only requests with temperature 0 or a seed, and none is set by
+    # default: "always" caches every batch request (with temperature 0 the default policy does: see below).
     t = start_with(terminals, quick, '[cache]\npolicy = "always"\n')
     assert badge(t.screen_text()).endswith("· stream"), t.dump()
     t.press("ctrl+b")
@@ -382,3 +382,83 @@ def test_base_url_talks_to_the_server_it_names(
     screen = t.wait_for(lambda s: shows(s, reply.content), STEP_S, what="the reply on screen")
     assert "Which server answers this?" in user_rows(screen), t.dump()
 
+
+
+# -- each conversation keeps its settings --------------------------------------------------------------------
+REMOTE_MODEL = "llama3.1-70b"
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
+    """A second quick server that offers only REMOTE_MODEL: a request meant for it that reaches the other one
+    (or asks another model) fails."""
+    with _serve(tmp_path_factory, ["--profile", "instant", "--model", REMOTE_MODEL],
+                LLMCHAT_SERVER__DEFAULT_MAX_TOKENS="24") as server:
+        yield server
+
+
+def palette_run(t: Terminal, query: str, title: str) -> None:
+    """Ctrl+P, type ``query``, and once the palette shows ``title`` as its only hit, Enter runs it."""
+    t.press("ctrl+p")
+    t.wait_for("Search for commands", STEP_S, what="the command palette")
+    t.write(query)
+    t.wait_for(title, STEP_S, what=f"{title!r} in the palette")
+    t.press("enter")
+    t.wait_for(lambda s: "Search for commands" not in s, STEP_S, what="the palette closed")
+
+
+def test_quit_then_continue_talks_to_the_same_provider_and_model(
+    terminals: TerminalSession, quick: SubprocessServer, remote: SubprocessServer
+) -> None:
+    terminals.write_config(
+        f'default_provider = "local"\n{provider_config(quick)}\n'
+        f'[providers.remote]\nbase_url = "{remote.base_url}"\nhttp = {{ http2 = "h2c" }}\n')
+    far = remote.url.removeprefix("http://")
+    t = start_ready(terminals)
+    assert badge(t.screen_text()).startswith("local · "), t.dump()
+    palette_run(t, "llama3.1", f"Model: remote / {REMOTE_MODEL}")
+    t.wait_for(lambda s: badge(s) == f"remote · {far} · {REMOTE_MODEL} · stream", STEP_S,
+               what="the badge naming the remote provider and its model")
+    type_prompt(t, "Which server answers this?")
+    first = wait_stored(t, terminals.history_path, replies_ended(1), "the reply")[1]
+    assert (first.status, first.provider) == ("done", "remote"), _brief(stored(terminals.history_path))
+    quit_app(t)
+
+    # A new run starts on default_provider "local"; the conversation was held with "remote".
+    again = start_ready(terminals, "--continue")
+    again.wait_for(lambda s: badge(s) == f"remote · {far} · {REMOTE_MODEL} · stream", STEP_S,
+                   what="the resumed conversation back on the remote provider and model")
+    type_prompt(again, "And this one?")
+    messages = wait_stored(again, terminals.history_path, replies_ended(2), "the second reply")
+    second = messages[3]
+    assert (second.status, second.provider, second.conversation) == ("done", "remote", first.conversation)
+    assert second.record is not None
+    assert (second.record["host"], second.record["model"]) == (far, REMOTE_MODEL)
+    assert "held with" not in again.screen_text(), again.dump()
+
+
+def test_temperature_0_from_the_palette_makes_the_same_batch_prompt_a_cache_hit(
+    terminals: TerminalSession, quick: SubprocessServer
+) -> None:
+    t = start_with(terminals, quick)  # default settings: cache policy "deterministic", no temperature
+    palette_run(t, "temperature", "Set temperature")
+    t.wait_for("Temperature for this conversation", STEP_S, what="the temperature box")
+    t.write("0\r")  # the value and its Enter in one read: the box takes them in the order typed
+    t.wait_for("this conversation sends temperature 0", STEP_S, what="the setting confirmed")
+    t.press("ctrl+b")
+    t.wait_for(lambda s: badge(s).endswith("· batch"), STEP_S, what="the badge saying batch")
+
+    prompt = "What is a cache hit?"
+    type_prompt(t, prompt)
+    first = wait_stored(t, terminals.history_path, replies_ended(1), "the first reply")[1]
+    assert first.record is not None and not first.record["cache_hit"]
+    t.press("ctrl+n")
+    t.wait_for(lambda s: not user_rows(s), STEP_S, what="the conversation cleared")
+    type_prompt(t, prompt)
+    second = wait_stored(t, terminals.history_path, replies_ended(2), "the second reply")[3]
+    assert (second.mode, second.content) == ("batch", first.content)
+    assert second.record is not None and second.record["cache_hit"]
+    screen = t.wait_for(lambda s: "from cache" in s and "cache 1 hit · 1 miss" in s, STEP_S,
+                        what="the reply marked as from the cache and the HUD counting the hit")
+    [line] = [row.strip() for row in chat_column(screen) if "from cache" in row]
+    assert re.fullmatch(r"from cache · llmchat-local · \d+ ms", line), t.dump()

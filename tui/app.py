@@ -7,11 +7,14 @@ flag reset in ``finally`` (a cancelled worker's cleanup can run after its replac
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -22,8 +25,30 @@ from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
-from llmchat.core import APIError, ChatClient, ServerSignals, Settings, UsageError, Warmer
-from llmchat.core._history import ConversationNotFoundError, HistoryError, HistoryStore, ReplyWriter
+from llmchat.core import (
+    APIError,
+    ChatClient,
+    LLMChatError,
+    ServerSignals,
+    Settings,
+    UsageError,
+    Warmer,
+    resolve_provider,
+)
+from llmchat.core._history import (
+    Conversation as SavedConversation,
+)
+from llmchat.core._history import (
+    ConversationNotFoundError,
+    Generation,
+    HistoryError,
+    HistoryStore,
+    Origin,
+    ReplyWriter,
+    export_markdown,
+    export_records_json,
+)
+from llmchat.core._history_export import ExportError, export_folder, save_export
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
@@ -31,6 +56,7 @@ from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
+from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
 from llmchat.tui.widgets.hud import Hud
@@ -47,13 +73,19 @@ class Offline:
 
 
 def reply_note(summary: dict[str, Any] | None) -> str:
-    """The compact line under a finished reply, from its record's summary: model, HTTP version, TTFT, rate."""
+    """The compact line under a finished reply, from its record's summary: model, HTTP version, TTFT, rate.
+
+    A cache hit is the model and how long the answer took, ``llmchat-local · 2 ms``: the reply's status line
+    puts "from cache" before it, and a rate or a first-token time would measure the disk, not a model.
+    """
     if not summary:
         return ""
     parts = [str(summary.get("model") or "")]
     if summary.get("cache_hit"):
-        parts.append("from cache")
-    elif summary.get("http_version"):
+        if summary.get("total_ms") is not None:
+            parts.append(f"{summary['total_ms']:.0f} ms")
+        return " · ".join(p for p in parts if p)
+    if summary.get("http_version"):
         parts.append(str(summary["http_version"]))
     if summary.get("mode") == "stream" and summary.get("ttft_ms") is not None:
         parts.append(f"TTFT {summary['ttft_ms']:.0f} ms")
@@ -64,6 +96,24 @@ def reply_note(summary: dict[str, Any] | None) -> str:
     if summary.get("retries"):
         parts.append(f"{summary['retries']} retries")
     return " · ".join(p for p in parts if p)
+
+
+#: The palette's generation settings: the title of the box that asks for one, and its hint line.
+_GENERATION_PROMPTS: dict[str, tuple[str, str]] = {
+    "temperature": ("Temperature", "0 to 2; 0 makes batch replies cacheable; empty sends none (the server's "
+                    "default)"),
+    "seed": ("Seed", "a whole number; a seed makes batch replies cacheable; empty sends none"),
+    "max_tokens": ("Max tokens", "the longest reply, in tokens (at least 1); empty leaves it to the server"),
+}
+
+
+def _held_text(conv: SavedConversation) -> str:
+    """Where ``conv`` was held, for a notification: ``slow-llama · llama3 (gpu-box:8000)``."""
+    model = conv.info.model or "its default model"
+    if conv.origin == "offline":
+        return f"the offline demo's local server · {model}"
+    where = f" ({urlsplit(conv.base_url).netloc})" if conv.base_url else ""
+    return f"{conv.info.provider} · {model}{where}"
 
 
 class ChatApp(App[None]):
@@ -102,14 +152,26 @@ class ChatApp(App[None]):
         clients: dict[str, ChatClient] | None = None,
         metrics_port: int | None = None,
         freeze_gc: bool = False,
+        pinned: bool = False,
     ) -> None:
         super().__init__()
         self._freeze_gc = freeze_gc
         self.settings = settings
         self.client = client
         self.clients: dict[str, ChatClient] = clients if clients is not None else {client.endpoint.name: client}
+        """Every client this session opened, by key: a configured provider's name, else the name and URL."""
         self.store = store
         self.offline = offline
+        self._offline = offline
+        self._offline_client = client if offline is not None else None
+        """The client of the offline demo's local server, which a conversation held there reconnects to."""
+        self.pinned = pinned
+        """The command line named the provider, model or URL: the conversation opened at start goes on with
+        them rather than with the ones it was held with."""
+        self.generation = Generation(temperature=settings.ui.temperature, seed=settings.ui.seed,
+                                     max_tokens=settings.ui.max_tokens)
+        """What every request of this conversation sends: [ui]'s defaults, a resumed conversation's own, or
+        what the palette set; a new conversation (Ctrl+N) keeps them, as it keeps the provider."""
         self.conversation_id = conversation_id
         self.continue_last = continue_last
         self.system_prompt = ""
@@ -191,7 +253,7 @@ class ChatApp(App[None]):
                 if self.conversation_id is None:
                     self.notify("no earlier conversation to continue", timeout=3)
             if self.conversation_id is not None:
-                await self._load_conversation(self.conversation_id)
+                await self._load_conversation(self.conversation_id, at_start=True)
         except HistoryError as exc:
             self.conversation_id = None
             self.notify(str(exc), severity="error", timeout=15, markup=False)
@@ -342,49 +404,207 @@ class ChatApp(App[None]):
 
     def action_system_prompt(self) -> None:
         def apply(text: str | None) -> None:
-            if text is None:
+            if text is None or text == self.system_prompt:
                 return
             self.system_prompt = text
             if self.conversation_id is not None:
-                self.run_worker(self.store.set_system_prompt(self.conversation_id, text), group="store")
+                self._save_in_background(self.store.set_system_prompt(self.conversation_id, text))
             self.notify("system prompt set" if text else "system prompt cleared", timeout=2)
 
-        self.push_screen(TextInputScreen("System prompt for this conversation", self.system_prompt), apply)
+        keys = self.keys_in_effect
+        self.push_screen(SystemPromptScreen(self.system_prompt, save_keys=keys["system.save"],
+                                            cancel_keys=keys["system.cancel"]), apply)
+
+    def action_generation(self, name: str) -> None:
+        """Ask for one generation setting ("temperature", "seed" or "max_tokens") of this conversation."""
+        label, hint = _GENERATION_PROMPTS[name]
+
+        def check(text: str) -> str:
+            try:
+                self.generation.with_text(name, text)
+            except ValueError as exc:
+                return str(exc)
+            return ""
+
+        def apply(text: str | None) -> None:
+            if text is None:
+                return
+            generation = self.generation.with_text(name, text)
+            if generation == self.generation:
+                return
+            self.generation = generation
+            if self.conversation_id is not None:
+                self._save_in_background(self.store.set_generation(self.conversation_id, generation))
+            self.notify(f"this conversation sends {generation.describe()}", timeout=3)
+
+        self.push_screen(TextInputScreen(f"{label} for this conversation", self.generation.shown(name),
+                                         hint=hint, check=check), apply)
+
+    def _save_in_background(self, save: Awaitable[None]) -> None:
+        """Saves a change of the conversation without holding up the screen; a failure is one notification
+        (the change still holds for this session), never a crash."""
+        async def run() -> None:
+            try:
+                await save
+            except ConversationNotFoundError:
+                pass  # deleted meanwhile: the next message starts a new conversation, with the change
+            except HistoryError as exc:
+                self.notify(f"{exc}; the change holds for this session only", severity="error", timeout=10,
+                            markup=False)
+
+        self.run_worker(run(), group="store")
+
+    def export_folder(self) -> Path:
+        """Where exports go: [ui] export_dir, else $XDG_DATA_HOME/llmchat/exports."""
+        return export_folder(self.settings.ui.export_dir)
 
     async def action_export(self, fmt: str = "markdown") -> None:
-        from llmchat.core._history import export_markdown, export_records_json
-
+        """Writes the conversation (Markdown) or its timing records (JSON) to a new file in the export folder,
+        never over an existing one, and says where."""
         if self.conversation_id is None:
             self.notify("nothing to export yet", severity="warning")
             return
-        conv = await self.store.load(self.conversation_id)
+        try:
+            conv = await self.store.load(self.conversation_id)
+        except HistoryError as exc:
+            self.notify(str(exc), severity="error", timeout=10, markup=False)
+            return
         text = export_markdown(conv) if fmt == "markdown" else export_records_json(conv)
-        path = Path.cwd() / f"llmchat-{self.conversation_id}.{'md' if fmt == 'markdown' else 'json'}"
-        path.write_text(text, encoding="utf-8")
-        path.chmod(0o600)
-        self.notify(f"exported to {path}", timeout=4)
+        suffix = ".md" if fmt == "markdown" else ".json"
+        try:
+            path = await asyncio.to_thread(save_export, self.export_folder(), f"llmchat-{conv.id}", suffix,
+                                           text)
+        except ExportError as exc:
+            self.notify(str(exc), severity="error", timeout=10, markup=False)
+            return
+        self.notify(f"exported to {path}", timeout=8, markup=False)
 
-    async def switch_provider(self, name: str, model: str | None = None) -> None:
-        """Use another provider (and model) from the next message on."""
-        client = self.clients.get(name)
+    async def switch_provider(self, key: str, model: str | None = None) -> None:
+        """Use another provider (and model) from the next message on; the conversation keeps them. ``key`` is
+        a key of :attr:`clients` or a configured provider's name."""
+        client = self.clients.get(key)
         if client is None:
-            client = ChatClient(self.settings, provider=name, bus=self.client.bus)
-            await client.__aenter__()
-            self.clients[name] = client
+            try:
+                resolved = resolve_provider(self.settings, key)
+                if resolved is None:
+                    raise UsageError(f"provider {key!r} is not configured; add [providers.{key}] to the "
+                                     "config")
+                client = await self._client_for(resolved.name, resolved.base_url, configured=True)
+            except LLMChatError as exc:
+                self.notify(str(exc), severity="error", timeout=10, markup=False)
+                return
+        await self._use(client, model, save=True)
+        self.notify(f"next message goes to {self._where_text()}", timeout=3, markup=False)
+
+    async def _client_for(self, name: str, base_url: str, *, configured: bool) -> ChatClient:
+        """This session's client for provider ``name`` at ``base_url``, opened when there is none yet:
+        the configured provider's own (its key, headers and [http] overrides), or an ad-hoc one for a
+        ``--base-url`` conversation (no key: a key is never kept, nor sent to a URL unasked). Raises
+        ConfigError or UsageError when the provider cannot be set up."""
+        base_url = base_url.rstrip("/")
+        for client in self.clients.values():
+            if client is not self._offline_client and client.endpoint.name == name \
+                    and client.endpoint.base_url == base_url:
+                return client
+        client = (ChatClient(self.settings, provider=name, bus=self.client.bus) if configured
+                  else ChatClient(self.settings, provider=name, base_url=base_url, bus=self.client.bus))
+        await client.__aenter__()
+        key = name if name not in self.clients else f"{name} {base_url}"
+        self.clients[key] = client
+        return client
+
+    async def _use(self, client: ChatClient, model: str | None, *, save: bool) -> None:
+        """Talk to ``client`` (with ``model``, when given) from the next message on; ``save``: the
+        conversation on screen keeps it."""
         if model:
             client.model = model
         self.client = client
-        self.offline = None
+        # Still the demo's own server (another of its models, say): the badge goes on saying so.
+        self.offline = self._offline if client is self._offline_client else None
         if self.signals is not None:
             self.signals.follow(client)
         self._show_endpoint()
-        self.notify(f"next message goes to {name}{' · ' + model if model else ''}", timeout=3)
+        if save and self.conversation_id is not None:
+            origin, base_url = self._origin(client)
+            self._save_in_background(self.store.set_endpoint(
+                self.conversation_id, provider=client.endpoint.name, model=client.model, origin=origin,
+                base_url=base_url))
+
+    def _origin(self, client: ChatClient) -> tuple[Origin, str]:
+        """How ``client`` is reached, to save with the conversation: the offline demo's server (no URL: its
+        port is this run's), a configured provider, or an ad-hoc URL."""
+        if client is self._offline_client:
+            return "offline", ""
+        ep = client.endpoint
+        try:
+            resolved = resolve_provider(self.settings, ep.name)
+        except LLMChatError:
+            resolved = None
+        if resolved is not None and resolved.name == ep.name and resolved.base_url.rstrip("/") == ep.base_url:
+            return "provider", ep.base_url
+        return "base_url", ep.base_url
+
+    def _where_text(self) -> str:
+        """Where the next message goes, for a notification: ``groq · llama-3.1 (api.groq.com:443)``."""
+        model = self.client.model or "default model"
+        if self.offline is not None:
+            return f"the local server (offline demo) · {model}"
+        return f"{self.client.endpoint.name} · {model} ({self.client.endpoint.hostport})"
+
+    async def _reconnect(self, conv: SavedConversation, *, at_start: bool) -> None:
+        """Go on with the provider and model ``conv`` was held with; when they are not configured here, or
+        the command line named others (``at_start`` with ``pinned``), say so in one notification and what
+        the next message goes to instead."""
+        name, model = conv.info.provider, conv.info.model
+        if not name:
+            return  # nothing was kept: the conversation goes on where the app is
+        held = _held_text(conv)
+        if at_start and self.pinned:
+            if (name, model) != (self.client.endpoint.name, self.client.model):
+                self.notify(f"this conversation was held with {held}; it goes on with {self._where_text()}, "
+                            "as the command line asks", timeout=10, markup=False)
+            return
+        try:
+            client, why = await self._saved_client(conv)
+        except LLMChatError as exc:  # configured, but it cannot be set up (a key's variable is unset...)
+            client, why = None, f"which cannot be used here ({exc})"
+        if client is None:
+            self.notify(f"this conversation was held with {held}, {why}; the next message goes to "
+                        f"{self._where_text()}", severity="warning", timeout=15, markup=False)
+            return
+        await self._use(client, model or None, save=False)
+
+    async def _saved_client(self, conv: SavedConversation) -> tuple[ChatClient | None, str]:
+        """The client that reaches where ``conv`` was held, or None and why not."""
+        name = conv.info.provider
+        if conv.origin == "offline":
+            if self._offline_client is not None:
+                return self._offline_client, ""
+            return None, "which this llmchat does not start (a provider is configured)"
+        if conv.origin == "base_url":
+            if not conv.base_url:
+                return None, "whose address was not kept"
+            return await self._client_for(name, conv.base_url, configured=False), ""
+        try:
+            resolved = resolve_provider(self.settings, name)
+        except LLMChatError:
+            resolved = None
+        if resolved is not None and resolved.name == name:
+            return await self._client_for(name, resolved.base_url, configured=True), ""
+        if conv.origin == "" and name == self.client.endpoint.name:
+            # Saved before llmchat kept more than the name: the same name is all there is to go by.
+            return self.client, ""
+        return None, "which is not configured here"
 
     # -- conversation ----------------------------------------------------------------------------------------
-    async def _load_conversation(self, conv_id: int) -> None:
+    async def _load_conversation(self, conv_id: int, *, at_start: bool = False) -> None:
+        """Shows conversation ``conv_id`` and goes on with its system prompt, generation settings, provider
+        and model (see ``_reconnect``; ``at_start``: opened by the command line)."""
         conv = await self.store.load(conv_id)
         self.conversation_id = conv_id
         self.system_prompt = conv.system_prompt
+        self.generation = conv.generation
+        await self._reconnect(conv, at_start=at_start)
         self.history = [m for m in conv.messages_for_api() if m["role"] != "system"]
         view = self.query_one(Conversation)
         await view.clear()
@@ -394,6 +614,8 @@ class ChatApp(App[None]):
                 widgets.append(UserMessage(msg.content))
             elif msg.role == "assistant":
                 status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
+                if status == "done" and msg.record is not None and msg.record.get("cache_hit"):
+                    status = "cached"
                 note = msg.error or reply_note(msg.record)
                 # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
                 # Either way the reply was cut off, and it must not look whole.
@@ -448,14 +670,18 @@ class ChatApp(App[None]):
             except ConversationNotFoundError:
                 self.notify("this conversation is no longer in the history; it goes on as a new one",
                             timeout=5)
+        origin, base_url = self._origin(self.client)
         self.conversation_id = await self.store.new_conversation(
-            system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model
+            system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model,
+            origin=origin, base_url=base_url, generation=self.generation,
         )
         await self.store.add_user_message(self.conversation_id, text)
 
     @work(exclusive=True, group="reply")
     async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:
         client = self.client
+        params = self.generation.params()  # this conversation's settings, sent with every request
+        origin, base_url = self._origin(client)
         assert self.conversation_id is not None
         writer: ReplyWriter | None = None
         record: TimingRecord | None = None
@@ -465,7 +691,7 @@ class ChatApp(App[None]):
             try:
                 msg_id = await self.store.start_reply(
                     self.conversation_id, provider=client.endpoint.name, model=client.model,
-                    mode="stream" if stream else "batch",
+                    mode="stream" if stream else "batch", origin=origin, base_url=base_url,
                 )
                 writer = self.store.reply_writer(msg_id)
             except HistoryError as exc:
@@ -473,14 +699,16 @@ class ChatApp(App[None]):
                 self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
             messages = self._messages()
             if stream:
-                chat = client.stream(messages)
+                chat = client.stream(messages, **params)
                 record = chat.record
                 async for piece in chat:
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
                         writer.append(piece)
+                # A hit here is a replayed stream ([cache] replay_streams).
+                status = "cached" if record.cache_hit else "done"
             else:
-                answer = await client.complete(messages)
+                answer = await client.complete(messages, **params)
                 record = answer.record
                 reply.append(answer.text, time.perf_counter_ns())
                 if writer is not None:
@@ -529,12 +757,15 @@ def make_app(
     offline: Offline | None = None,
     metrics_port: int | None = None,
     freeze_gc: bool = False,
+    pinned: bool = False,
 ) -> ChatApp:
     """The app factory tests and the command line build the app through. The app closes ``client`` and
     ``store`` when it exits. ``freeze_gc``: move start-up's objects out of the garbage collector's reach
-    after the first frame (the `llmchat` program only; see ``on_mount``)."""
+    after the first frame (the `llmchat` program only; see ``on_mount``). ``pinned``: the command line named
+    the provider, model or URL, so a conversation resumed at start goes on with ``client`` as it is."""
     return ChatApp(settings=settings, client=client, store=store, conversation_id=conversation_id,
-                   continue_last=continue_last, offline=offline, metrics_port=metrics_port, freeze_gc=freeze_gc)
+                   continue_last=continue_last, offline=offline, metrics_port=metrics_port,
+                   freeze_gc=freeze_gc, pinned=pinned)
 
 
 __all__ = ["ChatApp", "Offline", "make_app", "reply_note"]

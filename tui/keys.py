@@ -35,8 +35,9 @@ class KeyBinding:
     """Where it applies: the chat screen, the prompt, the history list, a modal."""
 
 
-CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, HELP = (
-    "chat screen", "prompt", "history list", "HUD", "HUD charts", "text input box", "this list")
+CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, SYSTEM_PROMPT, HELP = (
+    "chat screen", "prompt", "history list", "HUD", "HUD charts", "text input box", "system prompt editor",
+    "this list")
 
 REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("help.open", "f1", "Keys", "list every key and what it does", CHAT),
@@ -62,6 +63,10 @@ REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("hud.detail", "d", "Latency charts", "open the latency charts", HUD),
     KeyBinding("hud.detail.close", "escape,d", "Close", "close the charts", CHARTS),
     KeyBinding("input.cancel", "escape", "Cancel", "close without changing anything", TEXT_INPUT),
+    KeyBinding("system.save", "ctrl+s", "Save", "save the system prompt for this conversation",
+               SYSTEM_PROMPT),
+    KeyBinding("system.cancel", "escape", "Cancel", "close, keeping the system prompt as it was",
+               SYSTEM_PROMPT),
     KeyBinding("help.close", "escape", "Close", "close this list", HELP),
 )
 """In the help screen's order: grouped by where they apply."""

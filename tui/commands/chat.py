@@ -35,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
         offline = Offline(base_url) if base_url and not args.base_url else None
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
                             model=args.model or model, http2=http2, api_key_env=args.api_key_env)
-        app = make_app(settings=settings, client=client, store=HistoryStore(), continue_last=args.continue_last,
-                       offline=offline, metrics_port=args.metrics_port, freeze_gc=True)
+        # Named on the command line: a conversation resumed at start goes on with these, not its own.
+        pinned = bool(args.provider or args.model or args.base_url)
+        app = make_app(settings=settings, client=client, store=HistoryStore(),
+                       continue_last=args.continue_last, offline=offline, metrics_port=args.metrics_port,
+                       freeze_gc=True, pinned=pinned)
         app.run()
     return 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
+from pathlib import Path
 
 from llmchat.core._errors import UsageError
 from llmchat.core._history import HistoryStore, export_markdown, export_records_json
+from llmchat.core._history_export import write_private
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,11 +52,7 @@ def _write_private(path: str, text: str) -> None:
     """Writes ``text`` to ``path`` readable by its owner only (a conversation is private); UsageError if the
     file cannot be written."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        # O_CREAT's mode does not apply to a file that already existed.
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        write_private(Path(path), text)
     except OSError as exc:
         raise UsageError(f"export: cannot write {path}: {exc.strerror or exc}; pick a file in a folder you"
                          " can write to") from None
