@@ -78,12 +78,15 @@ class Price(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ConnectionState:
-    """The provider connection as warm-up last reported it: cold, warming, warm or failed."""
+    """The provider connection as warm-up last reported it: cold, warming, warm or failed; ``setup_ms`` is
+    what opening it cost (TCP connect and TLS), ``rtt_ms`` the last ping (a round trip on the open
+    connection)."""
 
     provider: str = ""
     state: str = "cold"
     rtt_ms: float | None = None
     error: str | None = None
+    setup_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,16 @@ def _three(ordered: list[float]) -> Percentiles:
         return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
     return Percentiles(at(0.50), at(0.95), at(0.99))
+
+
+def failed(record: TimingRecord) -> bool:
+    """Whether a finished request failed: not cancelled, and an error, or no response and no cache hit (a
+    bad base_url or an empty model list raise before any response, without an error kind on the record)."""
+    if record.cancelled:
+        return False
+    if record.error is not None or record.error_kind is not None:
+        return True
+    return record.status is None and not record.cache_hit
 
 
 class Metrics:
@@ -383,9 +396,12 @@ class Metrics:
         self._changed()
 
     def observe_warmup(self, event: WarmupState) -> None:
-        """Warm-up's state of the provider connection (cold, warming, warm, failed) and its last ping."""
-        rtt = event.rtt_ms if event.rtt_ms is not None else self.connection.rtt_ms
-        self.connection = ConnectionState(event.provider, event.state, rtt, event.error)
+        """Warm-up's state of the provider connection (cold, warming, warm, failed), its setup and last ping
+        (each kept from before when the event does not carry one)."""
+        held = self.connection if self.connection.provider in ("", event.provider) else ConnectionState()
+        rtt = event.rtt_ms if event.rtt_ms is not None else held.rtt_ms
+        setup = event.setup_ms if event.setup_ms is not None else held.setup_ms
+        self.connection = ConnectionState(event.provider, event.state, rtt, event.error, setup)
         self.connection_version += 1
         self._changed()
 
