@@ -666,7 +666,8 @@ async def test_notes_wrap_to_the_panel_instead_of_being_cut() -> None:
         await until(pilot, lambda: "KV cache" in panel_text(panel), "the notes")
         width = panel.content_size.width
         assert all(len(line) <= width for line in panel_lines(panel))
-        assert panel.size.height == len(panel_lines(panel))  # every line has its row
+        # Every line gets its row, at the layout after the paint.
+        await until(pilot, lambda: panel.size.height == len(panel_lines(panel)), "the panel to take its rows")
         for note in notes:
             assert note in panel_text(panel)
 
