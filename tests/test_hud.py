@@ -356,6 +356,35 @@ async def test_the_shell_names_the_endpoint() -> None:
         assert styles_of(hud.connection_panel, "● warming") == {"$warning"}
 
 
+async def test_the_connection_lines_name_the_model_a_reply_used_and_what_warm_up_measured() -> None:
+    app = HudApp()
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        panel = hud.connection_panel
+        hud.provider, hud.host = "local", "127.0.0.1:8000"  # no model configured: the server picks
+        app.bus.publish(WarmupState("local", "warm", 0.84, setup_ms=1.9))
+        await until(pilot, lambda: "ping" in text(panel), "the warm-up figures")
+        assert text(panel).splitlines() == ["local · default model", "127.0.0.1:8000 · ● warm",
+                                            "opened in 1.9 ms · ping 0.8 ms"]
+        # A later ping on the open connection keeps the setup it did not measure again.
+        app.bus.publish(WarmupState("local", "warm", 0.61))
+        await until(pilot, lambda: "ping 0.6 ms" in text(panel), "the next ping")
+        assert "opened in 1.9 ms" in text(panel)
+        finish(app.bus, record(model="llmchat-local"))
+        await until(pilot, lambda: "local · llmchat-local" in text(panel), "the model the reply named")
+        # The model a reply names wins over the configured one (a dated snapshot of an alias, say).
+        hud.model = "gpt-4o"
+        finish(app.bus, record(model="gpt-4o-2024-08-06"))
+        await until(pilot, lambda: "gpt-4o-2024-08-06" in text(panel), "the dated model")
+        error = "connection refused by 127.0.0.1:8000: nothing is listening there; start the server"
+        app.bus.publish(WarmupState("local", "failed", None, error))
+        await until(pilot, lambda: "failed" in text(panel), "the failure")
+        width = panel.content_size.width
+        assert error in " ".join(text(panel).splitlines()[2:]) and len(error) > width
+        assert all(len(line) <= width for line in text(panel).splitlines())  # wrapped, not cut
+        assert "ping" not in text(panel)  # the last good ping is not the connection's now
+
+
 async def test_a_hidden_hud_paints_nothing_and_catches_up_when_shown() -> None:
     app = HudApp()
     async with app.run_test(size=(90, 50)) as pilot:

@@ -30,8 +30,8 @@ class Endpoint:
 
 def render_connection(endpoint: Endpoint, state: ConnectionState, width: int = 36) -> list[Content]:
     """``provider · model``, ``host · ● state``, then ``opened in 3.1 ms · ping 0.9 ms`` once warm-up
-    measured them, or why it failed (wrapped to ``width``). The warm-up state is shown only when it is about
-    this provider (or the provider is not known yet), else ``cold``."""
+    measured them, or, after a failure, why (wrapped to ``width``). The warm-up state is shown only when it
+    is about this provider (or the provider is not known yet), else ``cold``."""
     provider = endpoint.provider or state.provider
     if state.provider and provider and state.provider != provider:
         state = ConnectionState(provider)  # warm-up of another provider says nothing about this one
@@ -41,8 +41,9 @@ def render_connection(endpoint: Endpoint, state: ConnectionState, width: int = 3
         Content.assemble(endpoint.host or ("-", MUTED_STYLE), (" · ", MUTED_STYLE),
                          (f"● {state.state}", STATE_STYLES.get(state.state, ""))),
     ]
-    if state.state == "failed" and state.error:
-        lines += wrap(Content.styled(state.error, MISS_STYLE), width)
+    if state.state == "failed":
+        # Why, instead of the last good figures: they would read as the connection's now.
+        return lines + (wrap(Content.styled(state.error, MISS_STYLE), width) if state.error else [])
     figures: list[str | tuple[str, str]] = []
     if state.setup_ms is not None:
         figures += [("opened in ", MUTED_STYLE), duration(state.setup_ms)]
