@@ -57,7 +57,10 @@ class WarmupState:
     provider: str
     state: str  # cold | warming | warm | failed
     rtt_ms: float | None = None
+    """The last ping: a round trip on the open connection (never one that had to open it)."""
     error: str | None = None
+    setup_ms: float | None = None
+    """What opening the connection cost (TCP connect and TLS), when warm-up opened one."""
 
 
 @dataclass(frozen=True, slots=True)

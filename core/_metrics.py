@@ -12,12 +12,17 @@ What goes where:
   refused connection would pull the percentiles away from what the provider does. TTFT is stream mode only.
 - ``requests`` counts finished requests (any outcome); ``in_flight`` is started and not yet finished.
 - A cancelled request counts in ``cancelled``, never in ``errors``: the user chose it.
-- A cache miss is a finished request that was neither a hit nor cancelled, so ``hit_ratio`` is the share of
-  requests the cache answered.
+- ``errors`` counts every other request that ended without a reply (``failed``): an error the client named
+  (``error_kind``, refused connections and bad URLs before any connection opened among them) and one that
+  ended with no response and no error at all, as ``no_reply``. None of them is charted.
+- Cache hits and misses count real lookups only (``record.cache_lookup``), as Prometheus does: a streamed
+  request does not look in the cache unless ``cache.replay_streams`` is on, so it is neither.
 - Attribution (where a request's time went, ``_attribution.attribute``) is computed once per finished
   request, never per chunk, with a ``ColdStartDetector`` this pipeline owns (it sees every finished request,
   in order). ``last_attribution`` is the last request's, whatever its outcome; ``attribution_shares()``
-  splits the requests of the latency windows (same rule: no errors, cancels or cache hits). The slowest
+  splits the requests of the latency windows (same rule: no errors, cancels or cache hits). Both are read
+  through ``shown_groups``: a routine clock overlap (``is_routine_overlap``) is folded into the server's
+  figure, so the last request and the window's shares are split by the same rule. The slowest
   frame painted since that request's turn began is its render lag, in ``last_attribution.after``, outside
   its total.
 - ``server_state(provider)``: the provider's own /metrics as last scraped (``ServerMetricsSampled`` from a
@@ -69,6 +74,29 @@ class Percentiles(NamedTuple):
 _NO_PERCENTILES = Percentiles(None, None, None)
 
 
+class Spread(NamedTuple):
+    """One window at a glance: how many values, the smallest, the percentiles and the largest. The figures
+    are None when the window is empty; a reader decides which of them ``n`` values support."""
+
+    n: int
+    min: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+
+_NO_SPREAD = Spread(0, None, None, None, None, None)
+
+MUTE_MS = 2.0
+"""An unexplained remainder under this (either sign) is clock noise: shown as zero."""
+ROUTINE_OVERLAP_MS = 5.0
+"""A reported span overrunning the measured one by less than this is a routine clock overlap..."""
+ROUTINE_OVERLAP_SHARE = 0.05
+"""...and so is one under this share of the time the server reported (a long stream's first and last tokens
+meet different one-way delays, a few ms apart, more on a busy machine)."""
+
+
 class Price(NamedTuple):
     """What a model costs, in currency units per million tokens."""
 
@@ -78,12 +106,15 @@ class Price(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ConnectionState:
-    """The provider connection as warm-up last reported it: cold, warming, warm or failed."""
+    """The provider connection as warm-up last reported it: cold, warming, warm or failed; ``setup_ms`` is
+    what opening it cost (TCP connect and TLS), ``rtt_ms`` the last ping (a round trip on the open
+    connection)."""
 
     provider: str = ""
     state: str = "cold"
     rtt_ms: float | None = None
     error: str | None = None
+    setup_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +139,9 @@ def prices_from_settings(table: Mapping[str, Mapping[str, float]]) -> dict[str, 
     }
 
 
-def _three(ordered: list[float]) -> Percentiles:
+def _spread(ordered: list[float]) -> Spread:
     if not ordered:
-        return _NO_PERCENTILES
+        return _NO_SPREAD
     last = len(ordered) - 1
 
     def at(q: float) -> float:
@@ -119,7 +150,48 @@ def _three(ordered: list[float]) -> Percentiles:
         hi = lo + 1 if lo < last else lo
         return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
-    return Percentiles(at(0.50), at(0.95), at(0.99))
+    return Spread(len(ordered), ordered[0], at(0.50), at(0.95), at(0.99), ordered[-1])
+
+
+def failed(record: TimingRecord) -> bool:
+    """Whether a finished request failed: not cancelled, and an error, or no response and no cache hit (a
+    bad base_url or an empty model list raise before any response, without an error kind on the record)."""
+    if record.cancelled:
+        return False
+    if record.error is not None or record.error_kind is not None:
+        return True
+    return record.status is None and not record.cache_hit
+
+
+def failure_kind(record: TimingRecord) -> str:
+    """The kind ``errors`` counts a failed request under: its error kind, else "error" or "no_reply"."""
+    if record.error_kind is not None:
+        return record.error_kind
+    return "error" if record.error is not None else "no_reply"
+
+
+def is_routine_overlap(overlap_ms: float, server_ms: float) -> bool:
+    """Whether a reported span overrunning the measured one by ``overlap_ms`` is routine: under
+    ``ROUTINE_OVERLAP_MS``, or under ``ROUTINE_OVERLAP_SHARE`` of the ``server_ms`` the server reported."""
+    return overlap_ms < ROUTINE_OVERLAP_MS or overlap_ms < ROUTINE_OVERLAP_SHARE * server_ms
+
+
+def shown_groups(attribution: Attribution) -> dict[str, float]:
+    """Milliseconds per group as the HUD shows them: ``group_ms()``, with a negative unexplained part (a
+    reported span longer than the measured one it fits in) that is a routine overlap folded into the server's
+    figure (the server cannot have taken longer than the span the client measured), and any unexplained part
+    under ``MUTE_MS`` dropped. A larger overlap stays, negative, for the reader to show as an overlap."""
+    groups = attribution.group_ms()
+    rest = groups.get("unexplained")
+    if rest is None:
+        return groups
+    server = groups.get("server", 0.0)
+    if rest < 0 and server > 0 and is_routine_overlap(-rest, server):
+        groups["server"] = server + rest
+        del groups["unexplained"]
+    elif abs(rest) < MUTE_MS:
+        del groups["unexplained"]
+    return groups
 
 
 class Metrics:
@@ -146,7 +218,9 @@ class Metrics:
         self.prices: dict[str, Price] = {m: Price(*p) for m, p in (prices or {}).items()}
         self._windows: dict[Series, deque[float]] = {name: deque(maxlen=window) for name in REQUEST_SERIES}
         self._windows["render_lag"] = deque(maxlen=render_window)
+        self._spread: dict[Series, Spread] = {}
         self._pct: dict[Series, Percentiles] = {}
+        self._replies: deque[TimingRecord] = deque(maxlen=window)
         self._live: dict[int, TimingRecord] = {}
         self._listeners: list[Callable[[], None]] = []
         self._retry: tuple[TimingRecord, object, Any, int] | None = None
@@ -170,6 +244,8 @@ class Metrics:
         self.last: TimingRecord | None = None
         self.last_attribution: Attribution | None = None
         """Where the last finished request's time went (any outcome); None before the first."""
+        self.last_groups: dict[str, float] = {}
+        """``shown_groups`` of ``last_attribution``."""
         self.cost_total: float | None = None
         self.cost_last: float | None = None
         self.cost_unknown = 0
@@ -197,14 +273,20 @@ class Metrics:
 
     @property
     def error_count(self) -> int:
-        """Finished requests that failed (cancels are not failures)."""
+        """Finished requests that failed (``failed``; cancels are not failures)."""
         return sum(self.errors.values())
 
     @property
     def hit_ratio(self) -> float | None:
-        """Cache hits over hits plus misses, 0..1; None before any request finished."""
+        """Cache hits over lookups, 0..1; None before the first lookup."""
         seen = self.cache_hits + self.cache_misses
         return None if seen == 0 else self.cache_hits / seen
+
+    @property
+    def replies(self) -> list[TimingRecord]:
+        """The records behind the latency windows (replies from the network), oldest first (a new list).
+        ``series("total")`` is their totals in the same order."""
+        return list(self._replies)
 
     @property
     def pending_retry(self) -> str | None:
@@ -221,16 +303,27 @@ class Metrics:
         """A new list of the window's values, oldest first (a new list, so a Sparkline sees a change)."""
         return list(self._windows[name])
 
+    def spread(self, name: Series) -> Spread:
+        """Count, min, p50/p95/p99 and max of one window; sorted once per change of that window. KeyError for
+        an unknown name."""
+        cached = self._spread.get(name)
+        if cached is None:
+            cached = self._spread[name] = _spread(sorted(self._windows[name]))
+        return cached
+
     def percentiles(self, name: Series) -> Percentiles:
-        """p50/p95/p99 of one window; sorted once per change of that window. KeyError for an unknown name."""
+        """p50/p95/p99 of one window (``spread``'s), made once per change. KeyError for an unknown name."""
         cached = self._pct.get(name)
         if cached is None:
-            cached = self._pct[name] = _three(sorted(self._windows[name]))
+            spread = self.spread(name)
+            cached = _NO_PERCENTILES if not spread.n else Percentiles(spread.p50, spread.p95, spread.p99)
+            self._pct[name] = cached
         return cached
 
     def attribution_shares(self) -> dict[str, float]:
         """Each group's share of the summed totals of the windowed requests (replies from the network), in
-        bar order; {} before the first. Computed once per finished request, when asked."""
+        bar order, from their ``shown_groups``; {} before the first. Computed once per finished request, when
+        asked."""
         if self._shares is None:
             # shares_over's figures, from the group sums kept with each attribution.
             totals: dict[str, float] = {}
@@ -361,21 +454,25 @@ class Metrics:
         self.last = record
         # Once per request (~50 us), and the detector must see every finished record, in order.
         self.last_attribution = attribute(record, render_lag_ms=self._turn_lag_ms, detector=self.detector)
+        self.last_groups = shown_groups(self.last_attribution)
+        is_failure = failed(record)
         if record.cancelled:
             self.cancelled += 1
-        elif record.error is not None or record.error_kind is not None:
-            self.errors[record.error_kind or "error"] += 1
-        if record.cache_hit:
-            self.cache_hits += 1
-        elif not record.cancelled:
-            self.cache_misses += 1
-        if not (record.cancelled or record.cache_hit or record.error is not None):
+        elif is_failure:
+            self.errors[failure_kind(record)] += 1
+        if record.cache_lookup:
+            if record.cache_hit:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
+        if not (record.cancelled or record.cache_hit or is_failure):
+            self._replies.append(record)
             self._add_window("ttfb", record.ttfb_ms)
             if record.mode == "stream":
                 self._add_window("ttft", record.ttft_ms)
             self._add_window("total", record.total_ms)
             self._add_window("tokens_per_s", record.tokens_per_s)
-            self._attributions.append((self.last_attribution, self.last_attribution.group_ms()))
+            self._attributions.append((self.last_attribution, self.last_groups))
             self._shares = None
         self._add_cost(record)
         self.requests_version += 1
@@ -383,9 +480,12 @@ class Metrics:
         self._changed()
 
     def observe_warmup(self, event: WarmupState) -> None:
-        """Warm-up's state of the provider connection (cold, warming, warm, failed) and its last ping."""
-        rtt = event.rtt_ms if event.rtt_ms is not None else self.connection.rtt_ms
-        self.connection = ConnectionState(event.provider, event.state, rtt, event.error)
+        """Warm-up's state of the provider connection (cold, warming, warm, failed), its setup and last ping
+        (each kept from before when the event does not carry one)."""
+        held = self.connection if self.connection.provider in ("", event.provider) else ConnectionState()
+        rtt = event.rtt_ms if event.rtt_ms is not None else held.rtt_ms
+        setup = event.setup_ms if event.setup_ms is not None else held.setup_ms
+        self.connection = ConnectionState(event.provider, event.state, rtt, event.error, setup)
         self.connection_version += 1
         self._changed()
 
@@ -402,7 +502,7 @@ class Metrics:
     def observe_render_lag(self, ms: float) -> None:
         """The time from a chunk's arrival to the frame that painted it, measured by the chat view."""
         self._windows["render_lag"].append(ms)
-        self._pct.pop("render_lag", None)
+        self._changed_window("render_lag")
         if self._turn_lag_ms is None or ms > self._turn_lag_ms:
             self._turn_lag_ms = ms
             last = self.last_attribution
@@ -422,7 +522,11 @@ class Metrics:
     def _add_window(self, name: Series, value: float | None) -> None:
         if value is not None:
             self._windows[name].append(value)
-            self._pct.pop(name, None)
+            self._changed_window(name)
+
+    def _changed_window(self, name: Series) -> None:
+        self._spread.pop(name, None)
+        self._pct.pop(name, None)
 
     def _clear_retry(self, record: TimingRecord) -> None:
         if self._retry is not None and self._retry[0] is record:

@@ -30,7 +30,10 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
   connect, timeout_read, http_429, stream_cut ...). Cancels are not errors.
 - ``llmchat_requests_in_flight{provider, mode}``: started and not finished.
 - ``llmchat_warmup_state{provider, state}``: 1 for the provider's current warm-up state (cold, warming, warm,
-  failed), 0 for the others; ``llmchat_warmup_rtt_seconds{provider}``: the warm-up ping's round trip.
+  failed), 0 for the others; a reply from the provider sets it to warm again (``Warmer``).
+  ``llmchat_warmup_rtt_seconds{provider}``: the last ping, a round trip on the open connection;
+  ``llmchat_warmup_setup_seconds{provider}``: what opening the connection cost (TCP connect and TLS) when
+  warm-up last opened one.
 - ``llmchat_provider_requests_waiting{provider}``, ``llmchat_provider_requests_running{provider}`` and
   ``llmchat_provider_kv_cache_usage_ratio{provider}``: the provider's own /metrics as last scraped
   (``providers.NAME.metrics_url``, ``ServerMetricsPoller``); ``llmchat_provider_metrics_up{provider}`` is 1
@@ -143,7 +146,10 @@ class ClientMetrics:
                                ("provider", "mode"))
         self.warmup = gauge("llmchat_warmup_state", "1 for the provider's current warm-up state.",
                             ("provider", "state"))
-        self.warmup_rtt = gauge("llmchat_warmup_rtt_seconds", "The warm-up ping's round trip.", ("provider",))
+        self.warmup_rtt = gauge("llmchat_warmup_rtt_seconds",
+                                "The last warm-up ping: a round trip on the open connection.", ("provider",))
+        self.warmup_setup = gauge("llmchat_warmup_setup_seconds", "What opening the connection cost "
+                                  "(TCP connect and TLS) when warm-up last opened one.", ("provider",))
         self.server_gauges = {
             key: gauge(name, doc, ("provider",)) for key, name, doc in (
                 ("requests_waiting", "llmchat_provider_requests_waiting",
@@ -255,6 +261,8 @@ class ClientMetrics:
             self.warmup.labels(event.provider, state).set(1.0 if state == event.state else 0.0)
         if event.rtt_ms is not None:
             self.warmup_rtt.labels(event.provider).set(event.rtt_ms / 1000.0)
+        if event.setup_ms is not None:
+            self.warmup_setup.labels(event.provider).set(event.setup_ms / 1000.0)
 
     def on_server_metrics(self, event: ServerMetricsSampled) -> None:
         self.server_up.labels(event.provider).set(0.0 if event.metrics is None else 1.0)

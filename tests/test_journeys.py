@@ -217,7 +217,7 @@ def test_first_launch_offline_answers_from_the_local_server_it_started(terminals
     assert (reply.role, reply.status, reply.mode, reply.provider) == ("assistant", "done", "stream", "local")
     assert reply.record is not None and reply.record["http_version"] == "HTTP/2"  # h2c to its own server
     assert f"You asked: *{prompt}*" in reply.content
-    screen = t.wait_for(lambda s: "llmchat-local · HTTP/2 · TTFT" in s and "requests 1 · in flight 0" in s,
+    screen = t.wait_for(lambda s: "llmchat-local · HTTP/2 · TTFT" in s and "1 request · 0 in flight" in s,
                         STEP_S, what="the reply's timing line and the HUD counting it")
     assert prompt in user_rows(screen), t.dump()
     assert shows(screen, reply.content, tail=60), t.dump()  # the end of the reply, as streamed
@@ -305,7 +305,7 @@ def test_esc_cancels_a_reply_and_keeps_what_arrived_on_screen_in_history_and_aft
     assert partial.status == "cancelled", _brief(messages)
     assert partial.content.startswith("## On ") and "You asked:" in partial.content, _brief(messages)
     assert partial.record is not None and partial.record["cancelled"], partial.record
-    screen = t.wait_for(lambda s: "cancelled ·" in s and "cancelled 1" in s, STEP_S,
+    screen = t.wait_for(lambda s: "cancelled ·" in s and "1 cancelled" in s, STEP_S,
                         what="the reply marked cancelled and the HUD counting it")
     assert shows(screen, partial.content), t.dump()  # all that arrived is still there
 

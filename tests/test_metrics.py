@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from timing_records import MS, record
 
 from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
-from llmchat.core._metrics import Metrics, Percentiles, Price, prices_from_settings
+from llmchat.core._metrics import Metrics, Percentiles, Price, is_routine_overlap, prices_from_settings
 from llmchat.core._retry import RetryEvent
 from llmchat.core._timing import Phases
 
@@ -125,13 +125,50 @@ def test_errors_by_kind_and_cancels_apart() -> None:
     assert m.requests == 6
 
 
-def test_cache_hits_misses_and_ratio() -> None:
+def test_cache_hits_and_misses_count_real_lookups_only() -> None:
     m = Metrics()
     assert m.hit_ratio is None
-    m.observe_many([record(cache_hit=True), record(), record(), record(cache_hit=True),
-                    record(cancelled=True, error_kind="cancelled")])
-    assert (m.cache_hits, m.cache_misses) == (2, 2)  # a cancel is neither
+    looked = {"cache_lookup": True}
+    m.observe_many([record(cache_hit=True, **looked), record(**looked), record(**looked),
+                    record(cache_hit=True, **looked), record(cancelled=True, error_kind="cancelled")])
+    assert (m.cache_hits, m.cache_misses) == (2, 2)  # a cancel that never looked is neither
     assert m.hit_ratio == 0.5
+    # Streamed requests never look in the cache (unless replay_streams is on): neither hits nor misses,
+    # as Prometheus counts them.
+    streamed = Metrics()
+    streamed.observe_many([record(), record(), record(error="refused", error_kind="connect")])
+    assert (streamed.cache_hits, streamed.cache_misses, streamed.hit_ratio) == (0, 0, None)
+    # A request cancelled after its lookup missed did look: a miss.
+    late = Metrics()
+    late.observe_many([record(cancelled=True, error_kind="cancelled", **looked)])
+    assert (late.cache_hits, late.cache_misses) == (0, 1)
+
+
+def test_every_failed_request_is_an_error_even_one_that_never_got_a_response() -> None:
+    m = Metrics()
+    refused = record(error="connection refused", error_kind="connect")
+    refused.status = None
+    # A bad base_url (a ConfigError) or an empty model list (a UsageError) ends the request before any
+    # connection, and the client records no error kind for them: still a failure, never a 1 ms reply.
+    unanswered = record(total_ms=0.9)
+    unanswered.status = None
+    hit = record(total_ms=2.0, cache_hit=True, cache_lookup=True)
+    hit.status = None  # a cache hit has no status either, and it is not a failure
+    m.observe_many([refused, unanswered, hit, record(total_ms=300.0)])
+    assert dict(m.errors) == {"connect": 1, "no_reply": 1}
+    assert m.error_count == 2
+    assert m.series("total") == [300.0]  # failures are counted, never charted
+    assert [r.total_ms for r in m.replies] == [300.0]
+
+
+def test_a_spread_says_how_many_values_it_has() -> None:
+    m = Metrics()
+    assert m.spread("total") == (0, None, None, None, None, None)
+    m.observe_many(record(total_ms=t) for t in (300.0, 100.0, 200.0))
+    spread = m.spread("total")
+    assert (spread.n, spread.min, spread.p50, spread.max) == (3, 100.0, 200.0, 300.0)
+    assert m.spread("total") is spread  # sorted once per change
+    assert m.percentiles("total") == (spread.p50, spread.p95, spread.p99)
 
 
 def test_in_flight_goes_up_and_down_and_never_below_zero() -> None:
@@ -328,3 +365,9 @@ def test_topic_versions_move_only_with_their_topic() -> None:
     assert (m.requests_version, m.done_version) == (1, 0)
     m.observe_done(record())
     assert (m.requests_version, m.done_version) == (2, 1)
+
+
+def test_a_routine_clock_overlap_is_a_few_ms_or_a_few_percent_of_what_the_server_reported() -> None:
+    assert is_routine_overlap(4.9, server_ms=10.0) and not is_routine_overlap(5.0, server_ms=10.0)
+    assert is_routine_overlap(32.5, server_ms=4923.0)  # 0.7 % of a long stream
+    assert not is_routine_overlap(150.0, server_ms=170.0)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import peers as P
 import pytest
 from processes import reap
 from prometheus_client.parser import text_string_to_metric_families
@@ -195,6 +196,32 @@ async def test_warmup_state_is_one_state_at_a_time(local_server: RunningServer, 
     assert warmer.rtt_ms is not None
     rtt = value(samples, "llmchat_warmup_rtt_seconds", provider="local")
     assert rtt == pytest.approx(warmer.rtt_ms / 1000)
+    # What opening the connection cost is a gauge of its own, never mixed into the ping.
+    assert warmer.setup_ms is not None
+    setup = value(samples, "llmchat_warmup_setup_seconds", provider="local")
+    assert setup == pytest.approx(warmer.setup_ms / 1000)
+
+
+async def test_a_reply_clears_a_failed_warmup_so_the_unreachable_alert_stays_quiet(
+    peer: Callable[..., P.Peer], tmp_path: Path
+) -> None:
+    # A gateway that fails GET /models (warm-up's ping) while chat completions succeed: the provider is
+    # reachable, and LLMChatProviderUnreachable (llmchat_warmup_state{state="failed"} == 1) must not fire.
+    p = peer([P.NGINX_502], later=[P.json_response(200, P.completion("hi"))], then="keep")
+    bus = Bus()
+    with start_exporter(bus, 0) as exporter:
+        async with ChatClient(_settings(tmp_path), base_url=p.base_url, http2=False, model=MODEL,
+                              bus=bus) as client:
+            warmer = Warmer(client, ping_s=0)
+            assert await warmer.warm() is False
+            failed = scrape(exporter.url)
+            await client.complete([{"role": "user", "content": "hi"}], max_tokens=3)
+            await warmer.aclose()
+        after = scrape(exporter.url)
+    name = client.endpoint.name
+    assert value(failed, "llmchat_warmup_state", provider=name, state="failed") == 1
+    assert value(after, "llmchat_warmup_state", provider=name, state="failed") == 0
+    assert value(after, "llmchat_warmup_state", provider=name, state="warm") == 1
 
 
 def test_two_exporters_keep_their_own_counts() -> None:

@@ -11,9 +11,21 @@ from collections.abc import Callable
 from typing import Any
 
 import certifi
+import peers as P
 import pytest
 
-from llmchat.core import ChatClient, ConfigError, HttpSettings, Settings, TLSError, Warmer, WarmupState
+from llmchat.core import (
+    ChatClient,
+    ConfigError,
+    HttpSettings,
+    RetrySettings,
+    ServerError,
+    Settings,
+    TLSError,
+    Warmer,
+    WarmupState,
+)
+from llmchat.core._timing import Phases
 from llmchat.core._transport import _ssl_context
 from llmchat.core.server import RunningServer
 
@@ -47,6 +59,76 @@ async def test_warm_up_opens_the_connection_the_first_request_then_uses(
     assert warmer.state == "warm"
     assert reply.record.connection_reused is True
     assert reply.record.phases.connect_start_ns is None and reply.record.connect_ms is None
+
+
+def watch_gets(client: ChatClient) -> list[Phases]:
+    """The phases of every GET /models the client sends from now on (the real GET still goes out)."""
+    seen: list[Phases] = []
+    real = client.models
+
+    async def models(*, phases: Phases | None = None) -> list[str]:
+        p = phases if phases is not None else Phases()
+        seen.append(p)
+        return await real(phases=p)
+
+    client.models = models  # type: ignore[method-assign]
+    return seen
+
+
+async def test_the_ping_is_a_round_trip_on_the_open_connection_apart_from_its_setup(
+    server_factory: Factory,
+) -> None:
+    server = server_factory(ttft_ms=0)
+    async with ChatClient(base_url=server.base_url, http2="h2c", model=MODEL, use_cache=False) as client:
+        seen = states(client)
+        gets = watch_gets(client)
+        warmer = Warmer(client, ping_s=0)
+        assert await warmer.warm() is True
+        # The first GET opened the connection: its connect is the setup; the ping is a second GET on it.
+        assert [g.reused for g in gets] == [False, True]
+        opened = gets[0]
+        assert opened.connect_start_ns is not None and opened.connect_end_ns is not None
+        assert warmer.setup_ms == pytest.approx((opened.connect_end_ns - opened.connect_start_ns) / 1e6)
+        assert seen[-1].setup_ms == warmer.setup_ms and seen[-1].rtt_ms == warmer.rtt_ms
+        # A keep-alive ping on the open connection is one GET, and opens nothing: no new setup.
+        setup = warmer.setup_ms
+        assert await warmer.warm() is True
+        await warmer.aclose()
+    assert [g.reused for g in gets] == [False, True, True]
+    assert seen[-1].state == "warm" and seen[-1].setup_ms is None and warmer.setup_ms == setup
+
+
+async def test_a_reply_marks_the_connection_warm_again_after_a_failed_ping(
+    peer: Callable[..., P.Peer],
+) -> None:
+    # A gateway that fails GET /models (the ping) and answers chat completions: the requests succeed, so the
+    # connection is not "failed".
+    p = peer([P.NGINX_502], later=[P.json_response(200, P.completion("hi"))], then="keep")
+    async with ChatClient(base_url=p.base_url, http2=False, model=MODEL, use_cache=False) as client:
+        seen = states(client)
+        warmer = Warmer(client, ping_s=0)
+        assert await warmer.warm() is False
+        assert warmer.state == "failed"
+        reply = await client.complete(MESSAGES, max_tokens=3)
+        await warmer.aclose()
+    assert reply.text == "hi"
+    assert [s.state for s in seen] == ["warming", "failed", "warm"]
+    assert warmer.state == "warm" and warmer.error is None and seen[-1].error is None
+
+
+async def test_a_failed_request_leaves_the_state_alone(
+    peer: Callable[..., P.Peer],
+) -> None:
+    p = peer([P.NGINX_502], then="keep")
+    async with ChatClient(base_url=p.base_url, http2=False, model=MODEL, use_cache=False,
+                          retry=RetrySettings(max_attempts=1)) as client:
+        seen = states(client)
+        warmer = Warmer(client, ping_s=0)
+        assert await warmer.warm() is False
+        with pytest.raises(ServerError):
+            await client.complete(MESSAGES, max_tokens=3)
+        await warmer.aclose()
+    assert [s.state for s in seen] == ["warming", "failed"]
 
 
 @pytest.mark.parametrize("http2", ["h2c", False])

@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
@@ -58,6 +59,8 @@ from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
 from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.screens.text_input import TextInputScreen
+from llmchat.tui.screenshot import TITLE as SCREENSHOT
+from llmchat.tui.screenshot import save_screenshot, screenshot_folders
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
 from llmchat.tui.widgets.hud import Hud
 
@@ -345,6 +348,23 @@ class ChatApp(App[None]):
     def action_toggle_mode(self) -> None:
         self.stream_mode = not self.stream_mode
         self.notify(f"{'stream' if self.stream_mode else 'batch'} mode", timeout=2)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        # Textual's Screenshot saves to ~/Downloads, which many machines lack; ours says where it saved.
+        for command in super().get_system_commands(screen):
+            if command.title == SCREENSHOT:
+                yield SystemCommand(SCREENSHOT, f"Save an SVG of the screen in {self.store.path.parent}",
+                                    lambda: self.set_timer(0.1, self.action_save_screenshot))
+            else:
+                yield command
+
+    def action_save_screenshot(self) -> None:
+        try:
+            saved = save_screenshot(self, screenshot_folders(self.store.path.parent))
+        except OSError as exc:
+            self.notify(str(exc), title="Screenshot", severity="error", timeout=10, markup=False)
+            return
+        self.notify(f"saved to {saved}", title="Screenshot", timeout=6, markup=False)
 
     def action_toggle_hud(self) -> None:
         self.show_hud = not self.show_hud

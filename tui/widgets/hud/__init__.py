@@ -1,7 +1,7 @@
 """The HUD: the live latency side panel (``Hud``) and its parts, fed by ``llmchat.core._metrics.Metrics``."""
 
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
-from llmchat.tui.widgets.hud._charts import HudCharts
+from llmchat.tui.widgets.hud._charts import ColumnChart, HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
 from llmchat.tui.widgets.hud._detail import HudDetail, PlotChart
 from llmchat.tui.widgets.hud._hud import Hud
@@ -13,6 +13,7 @@ from llmchat.tui.widgets.hud._waterfall import Waterfall
 
 __all__ = [
     "AttributionPanel",
+    "ColumnChart",
     "ConnectionPanel",
     "Endpoint",
     "Hud",

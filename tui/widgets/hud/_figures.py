@@ -1,6 +1,12 @@
-"""How the HUD spells its figures: milliseconds, rates, money, and the SLA colour of a latency.
+"""How the HUD names its series, its styles, and the latency targets it colours against.
 
-Styles are Textual theme variables ("$success", "$error", ...) so the HUD follows the app's theme.
+Numbers are spelled by ``llmchat.tui.numbers`` (one style for every part of the HUD and its charts). Styles
+are Textual theme variables ("$success", "$error", ...) so the HUD follows the app's theme.
+
+Targets: TTFT is held to ``ui.sla_ttft_ms`` in stream mode, the total to ``ui.sla_total_ms`` in batch mode.
+Each request is judged against the target of its own mode (``TimingRecord.mode``), so toggling the mode never
+recolours a request already made; and a colour always comes with the target that explains it
+(``263 ms > 200 ms target``).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from dataclasses import dataclass
 
 from llmchat.core._metrics import Series
 from llmchat.core._settings import UISettings
+from llmchat.tui.numbers import duration, rate
 
 #: The HUD's name for each series.
 TITLES: dict[Series, str] = {
@@ -25,70 +32,42 @@ MUTED_STYLE = "$text-muted"
 WARN_STYLE = "$warning"
 
 
-def ms(value: float | None) -> str:
-    """A duration for a label: ``0.42 ms``, ``12.3 ms``, ``345 ms``, ``12.3 s``; ``-`` when unknown."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.2f} ms"
-    if value < 100:
-        return f"{value:.1f} ms"
-    if value < 10_000:
-        return f"{value:.0f} ms"
-    return f"{value / 1000:.1f} s"
-
-
-def number(value: float | None) -> str:
-    """A figure for a table cell, at most 5 characters: ``4.56``, ``45.6``, ``345``, ``12.3k``; ``-``."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.2f}"
-    if value < 100:
-        return f"{value:.1f}"
-    if value < 10_000:
-        return f"{value:.0f}"
-    return f"{value / 1000:.1f}k"
-
-
-def figure(name: Series, value: float | None) -> str:
-    """A value of series ``name`` with its unit: milliseconds, or tokens per second."""
-    if name == "tokens_per_s":
-        return "-" if value is None else f"{number(value)} tok/s"
-    return ms(value)
-
-
-def money(value: float) -> str:
-    """An estimated cost: ``$0``, ``$0.000033`` and ``$0.00021`` (tiny, still readable), ``$0.0123``,
-    ``$12.34``."""
-    if value == 0:
-        return "$0"
-    if value < 0.001:
-        return f"${value:.6f}".rstrip("0")
-    return f"${value:.4f}" if value < 10 else f"${value:,.2f}"
-
-
-def sla_style(value: float | None, threshold_ms: float | None) -> str:
-    """``$success`` at or under the SLA, ``$error`` over it, no style when either is unknown."""
-    if value is None or threshold_ms is None:
-        return ""
-    return OK_STYLE if value <= threshold_ms else MISS_STYLE
+def value_text(name: Series, value: float | None) -> str:
+    """A value of series ``name`` with its unit: a duration, or tokens per second."""
+    return rate(value) if name == "tokens_per_s" else duration(value)
 
 
 @dataclass(frozen=True, slots=True)
-class Sla:
-    """The latency target the HUD colours: TTFT in stream mode, total in batch mode."""
+class Targets:
+    """The latency targets: TTFT in stream mode, the total in batch mode."""
 
-    series: Series
-    threshold_ms: float
+    ttft_ms: float
+    total_ms: float
 
-    def style(self, name: Series, value: float | None) -> str:
-        """The SLA colour of ``value`` when it is a value of the SLA's series; no style otherwise."""
-        return sla_style(value, self.threshold_ms) if name == self.series else ""
+    @classmethod
+    def from_ui(cls, ui: UISettings) -> Targets:
+        """``ui.sla_ttft_ms`` and ``ui.sla_total_ms``."""
+        return cls(ui.sla_ttft_ms, ui.sla_total_ms)
 
+    def target(self, name: Series, mode: str) -> float | None:
+        """The target series ``name`` is held to for a request made in ``mode``; None when that series is not
+        the mode's target (the total of a streamed reply, TTFB, tokens/s)."""
+        if mode == "batch":
+            return self.total_ms if name == "total" else None
+        return self.ttft_ms if name == "ttft" else None
 
-def sla_for(mode: str, ui: UISettings) -> Sla:
-    """``ui.sla_ttft_ms`` on TTFT in stream mode, ``ui.sla_total_ms`` on total in batch mode."""
-    if mode == "batch":
-        return Sla("total", ui.sla_total_ms)
-    return Sla("ttft", ui.sla_ttft_ms)
+    def style(self, name: Series, value: float | None, mode: str) -> str:
+        """``$success`` at or under the target, ``$error`` over it; no style without a target or a value."""
+        target = self.target(name, mode)
+        if value is None or target is None:
+            return ""
+        return OK_STYLE if value <= target else MISS_STYLE
+
+    def verdict(self, name: Series, value: float | None, mode: str) -> tuple[str, str] | None:
+        """``("> 200 ms target", "$error")`` or ``("≤ 200 ms target", "$success")``: the reason for the
+        colour, to show beside it; None when there is no target to judge by."""
+        target = self.target(name, mode)
+        if value is None or target is None:
+            return None
+        over = value > target
+        return f"{'>' if over else '≤'} {duration(target)} target", MISS_STYLE if over else OK_STYLE

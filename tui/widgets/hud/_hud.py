@@ -22,11 +22,12 @@ from textual.widgets import Static
 from llmchat.core._bus import Bus
 from llmchat.core._metrics import Metrics, prices_from_settings
 from llmchat.core._settings import UISettings
+from llmchat.tui.numbers import plural
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
 from llmchat.tui.widgets.hud._detail import HudDetail
-from llmchat.tui.widgets.hud._figures import Sla, sla_for
+from llmchat.tui.widgets.hud._figures import Targets
 from llmchat.tui.widgets.hud._lag import RenderLagLine
 from llmchat.tui.widgets.hud._pending import PendingPanel
 from llmchat.tui.widgets.hud._server import ServerLine
@@ -36,8 +37,10 @@ from llmchat.tui.widgets.hud._waterfall import Waterfall
 
 class Hud(VerticalScroll, can_focus=True):
     """The side panel. Give it the client's ``bus`` (it feeds its own ``Metrics`` while mounted) or a
-    ``metrics`` fed elsewhere (then it only reads). ``mode`` ("stream" | "batch") picks the SLA it colours;
-    ``provider``, ``model`` and ``host`` name the endpoint in the connection lines."""
+    ``metrics`` fed elsewhere (then it only reads). ``mode`` ("stream" | "batch") is the mode of the next
+    request; each request already made is coloured against the target of its own mode, so a toggle repaints
+    nothing. ``provider``, ``model`` and ``host`` name the endpoint in the connection lines (the model a reply
+    names wins over the configured one)."""
 
     DEFAULT_CSS = """
     Hud {
@@ -99,6 +102,7 @@ class Hud(VerticalScroll, can_focus=True):
         self.connection_panel = ConnectionPanel(id="hud-connection")
         self.server_line = ServerLine(id="hud-server")
         self.pending_panel = PendingPanel(id="hud-pending")
+        self.charts_title = Static(self._charts_title(), classes="hud-title")
         self.charts = HudCharts(id="hud-charts")
         self.waterfall = Waterfall(id="hud-waterfall")
         self.attribution = AttributionPanel(id="hud-attribution")
@@ -117,7 +121,7 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.pending_panel
             yield self.lag_line
         with Vertical(id="hud-history", classes="hud-box"):
-            yield Static(f"last {self.metrics.window} requests", classes="hud-title")
+            yield self.charts_title
             yield self.charts
             yield Static("last request", classes="hud-title")
             yield self.waterfall
@@ -139,15 +143,16 @@ class Hud(VerticalScroll, can_focus=True):
             off()
         self._offs.clear()
 
+    def _charts_title(self) -> str:
+        n = len(self.metrics.replies)
+        return f"last {plural(n, 'reply', 'replies')}" if n else f"replies (the last {self.metrics.window})"
+
     # -- reactives ---------------------------------------------------------------------------------------
     @property
-    def sla(self) -> Sla:
-        """The target coloured now: TTFT against ``ui.sla_ttft_ms`` in stream mode, total in batch."""
-        return sla_for(self.mode, self.ui)
-
-    def watch_mode(self) -> None:
-        self._seen["requests"] = self._seen["done"] = -1  # the SLA colours change everywhere
-        self.wake()
+    def targets(self) -> Targets:
+        """The latency targets: TTFT against ``ui.sla_ttft_ms`` for streamed requests, the total against
+        ``ui.sla_total_ms`` for batch ones."""
+        return Targets.from_ui(self.ui)
 
     def watch_provider(self) -> None:
         self._seen["connection"] = self._seen["server"] = -1
@@ -190,30 +195,24 @@ class Hud(VerticalScroll, can_focus=True):
         is for tests that freeze the clock."""
         m, seen = self.metrics, self._seen
         painted = False
-        sla = self.sla
+        targets = self.targets
         if seen["done"] != m.done_version:
             seen["done"] = m.done_version
-            self.charts.show(m, sla)
-            self.waterfall.show(m.last, sla)
+            self.charts_title.update(self._charts_title(), layout=False)
+            self.charts.show(m, targets)
+            self.waterfall.show(m.last)
             self.attribution.show(m)
-            if not (self.provider and self.model and self.host):
-                seen["connection"] = -1  # the last record may name what the shell did not
+            seen["connection"] = -1  # the last record may name what the shell did not (its model)
             painted = True
         if seen["connection"] != m.connection_version:
             seen["connection"] = m.connection_version
-            last = m.last
-            endpoint = Endpoint(
-                self.provider or (last.provider if last else ""),
-                self.model or (last.model if last else ""),
-                self.host or (last.host if last else ""),
-            )
-            self.connection_panel.show(endpoint, m.connection)
+            self.connection_panel.show(self.endpoint(), m.connection)
             painted = True
         retry = m.pending_retry  # it ends when the next attempt's headers come, which is not an event
         if seen["requests"] != m.requests_version or retry != self._retry_shown:
             seen["requests"] = m.requests_version
             self._retry_shown = retry
-            self.stats.show(m, sla)
+            self.stats.show(m, targets)
             painted = True
         if seen["server"] != m.server_version:
             seen["server"] = m.server_version
@@ -232,6 +231,16 @@ class Hud(VerticalScroll, can_focus=True):
         if painted:
             self.frames += 1
         return painted
+
+    def endpoint(self) -> Endpoint:
+        """What the connection lines name: the shell's provider and host, else the last record's; the model
+        the last request of this provider used (the one a discovery picked, or the reply named), else the
+        shell's."""
+        last = self.metrics.last
+        provider = self.provider or (last.provider if last else "")
+        mine = last is not None and (not self.provider or last.provider == self.provider)
+        model = last.model if mine and last is not None and last.model else self.model
+        return Endpoint(provider, model, self.host or (last.host if last else ""))
 
     # -- actions -------------------------------------------------------------------------------------------
     def action_detail(self) -> None:

@@ -6,16 +6,24 @@ from textual.content import Content
 from textual.widgets import Static
 
 from llmchat.core._metrics import Metrics
-from llmchat.tui.widgets.hud._figures import MUTED_STYLE, ms, number
+from llmchat.tui.numbers import MIN_SAMPLES, duration
+from llmchat.tui.widgets.hud._figures import MUTED_STYLE
 
 
 def render_lag(metrics: Metrics) -> Content:
-    """``render lag p50 3.10 · p99 12.0 ms``, or a dim note before the first painted chunk. The figures
-    carry no unit but the last, so that the line fits a 38-column HUD."""
-    p50, _, p99 = metrics.percentiles("render_lag")
-    if p50 is None:
+    """``render lag median 3.1 ms · max 9.7 ms``, the second figure p95 from 20 painted frames and p99 from
+    100 (``numbers.MIN_SAMPLES``); a dim note before the first painted chunk."""
+    spread = metrics.spread("render_lag")
+    if not spread.n:
         return Content.styled("render lag: nothing painted yet", MUTED_STYLE)
-    return Content.assemble(("render lag ", MUTED_STYLE), f"p50 {number(p50)} · p99 {ms(p99)}")
+    if spread.n >= MIN_SAMPLES["p99"]:
+        tail, value = "p99", spread.p99
+    elif spread.n >= MIN_SAMPLES["p95"]:
+        tail, value = "p95", spread.p95
+    else:
+        tail, value = "max", spread.max
+    figures = f"median {duration(spread.p50)} · {tail} {duration(value)}"
+    return Content.assemble(("render lag ", MUTED_STYLE), figures)
 
 
 class RenderLagLine(Static):
@@ -30,5 +38,5 @@ class RenderLagLine(Static):
     """
 
     def show(self, metrics: Metrics) -> None:
-        """Paint the render-lag percentiles of ``metrics``."""
+        """Paint the render-lag figures of ``metrics``."""
         self.update(render_lag(metrics), layout=False)

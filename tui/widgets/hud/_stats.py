@@ -1,28 +1,69 @@
-"""The HUD's figures: p50/p95/p99 of TTFT and total over the window, counters, the retry line, the cost."""
+"""The HUD's figures: the spread of TTFT and total over the window, how many met their target, the counters,
+the retry line and the cost.
+
+The table shows the sample count and the three figures that many samples support (``numbers.spread_stats``):
+min, median and max below 20 replies, p95 from 20, p99 from 100, never a percentile nobody measured. Under
+each row that is coloured, the target and how many replies missed it.
+"""
 
 from __future__ import annotations
 
 from textual.content import Content
-from textual.widgets import Static
 
-from llmchat.core._metrics import Metrics, Series
-from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, TITLES, WARN_STYLE, Sla, money, number
+from llmchat.core._metrics import Metrics, Series, Spread
+from llmchat.tui.numbers import Stat, duration, money, plural, share, spread_stats
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, OK_STYLE, TITLES, WARN_STYLE, Targets
+from llmchat.tui.widgets.hud._lines import Lines
 
-_PERCENTILE_SERIES: tuple[Series, ...] = ("ttft", "total")
-_COL = 7
+_LABEL = 6
+_N = 4
+_COL = 9
+_FIELDS: dict[Stat, str] = {"min": "min", "median": "p50", "p95": "p95", "p99": "p99", "max": "max"}
 
 
-def _percentile_row(metrics: Metrics, name: Series, sla: Sla | None) -> Content:
-    cells: list[str | tuple[str, str]] = [f"{TITLES[name]:<6}"]
-    for value in metrics.percentiles(name):
-        cells.append((f"{number(value):>{_COL}}", sla.style(name, value) if sla else ""))
+def _row(name: Series, spread: Spread, stats: tuple[Stat, ...], style_of: str | None, targets: Targets,
+         ) -> Content:
+    cells: list[str | tuple[str, str]] = [f"{TITLES[name]:<{_LABEL}}", f"{spread.n:>{_N}}"]
+    for stat in stats:
+        value: float | None = getattr(spread, _FIELDS[stat])
+        style = "" if style_of is None else targets.style(name, value, style_of)
+        cells.append((f"{duration(value):>{_COL}}", style))
     return Content.assemble(*cells)
+
+
+def _target_line(label: str, target_ms: float, over: int, n: int) -> Content:
+    """``  TTFT target 200 ms: 2 of 8 over``, the count red when some were over, green when none was."""
+    return Content.assemble((f"  {label} {duration(target_ms)}: ", MUTED_STYLE),
+                            (f"{over} of {n} over", MISS_STYLE if over else OK_STYLE))
+
+
+def _table(metrics: Metrics, targets: Targets) -> list[Content]:
+    ttft, total = metrics.spread("ttft"), metrics.spread("total")
+    counts = [s.n for s in (ttft, total) if s.n]
+    stats = spread_stats(min(counts) if counts else 0)
+    header = f"{'':<{_LABEL}}{'n':>{_N}}" + "".join(f"{stat:>{_COL}}" for stat in stats)
+    lines = [Content.styled(header, MUTED_STYLE), _row("ttft", ttft, stats, "stream", targets)]
+    ttfts = metrics.series("ttft")
+    if ttfts:
+        over = sum(1 for v in ttfts if v > targets.ttft_ms)
+        lines.append(_target_line("TTFT target", targets.ttft_ms, over, len(ttfts)))
+    replies = metrics.replies
+    batch = [r.total_ms for r in replies if r.mode == "batch" and r.total_ms is not None]
+    # The total row mixes modes unless every reply was batch; only a batch total has a target.
+    pure = bool(batch) and len(batch) == len(replies)
+    lines.append(_row("total", total, stats, "batch" if pure else None, targets))
+    if batch:
+        over = sum(1 for v in batch if v > targets.total_ms)
+        label = "target" if pure else "batch target"
+        lines.append(_target_line(label, targets.total_ms, over, len(batch)))
+    return lines
 
 
 def _errors(metrics: Metrics) -> Content:
     count = metrics.error_count
-    parts: list[str | tuple[str, str]] = ["errors ", (str(count), MISS_STYLE if count else "")]
-    parts.append(f" · cancelled {metrics.cancelled}")
+    parts: list[str | tuple[str, str]] = [
+        (plural(count, "error"), MISS_STYLE if count else ""), f" · {metrics.cancelled} cancelled"
+    ]
     if count:
         # Last on the line: the kinds are what an ellipsis may cut on a narrow HUD.
         kinds = ", ".join(f"{kind} {n}" for kind, n in metrics.errors.most_common(3))
@@ -32,9 +73,11 @@ def _errors(metrics: Metrics) -> Content:
 
 def _cache(metrics: Metrics) -> Content:
     ratio = metrics.hit_ratio
+    if ratio is None:
+        return Content.styled("cache: no lookups yet", MUTED_STYLE)
     return Content.assemble(
-        f"cache {metrics.cache_hits} hit · {metrics.cache_misses} miss",
-        ("" if ratio is None else f" · {ratio:.0%} hits", MUTED_STYLE),
+        f"cache {plural(metrics.cache_hits, 'hit')} · {plural(metrics.cache_misses, 'miss')}",
+        (f" · {share(ratio)} hits", MUTED_STYLE),
     )
 
 
@@ -48,41 +91,32 @@ def _cost(metrics: Metrics) -> Content:
     return Content.assemble(f"cost {sign} {total}", (f" · last {last}", MUTED_STYLE))
 
 
-def render_stats(metrics: Metrics, sla: Sla | None, *, with_cost: bool) -> Content:
-    """The stats block, one figure per line, always the same number of lines (see ``HudStats``)."""
+def render_stats(metrics: Metrics, targets: Targets, *, with_cost: bool) -> list[Content]:
+    """The stats block, one figure per line: the table (with a target line under each coloured row), the
+    counters, the live retry line (blank when no retry is pending) and, ``with_cost``, the cost."""
     retry = metrics.pending_retry
     lines = [
-        Content.styled(f"{'ms':<6}{'p50':>{_COL}}{'p95':>{_COL}}{'p99':>{_COL}}", MUTED_STYLE),
-        *(_percentile_row(metrics, name, sla) for name in _PERCENTILE_SERIES),
-        Content(f"requests {metrics.requests} · in flight {metrics.in_flight} · retries {metrics.retries}"),
+        *_table(metrics, targets),
+        Content(f"{plural(metrics.requests, 'request')} · {metrics.in_flight} in flight · "
+                f"{plural(metrics.retries, 'retry')}"),
         _errors(metrics),
         _cache(metrics),
         Content.styled(retry, WARN_STYLE) if retry else Content(""),
     ]
     if with_cost:
         lines.append(_cost(metrics))
-    return Content("\n").join(lines)
+    return lines
 
 
-class HudStats(Static):
-    """Percentiles and counters. Its height is fixed (7 lines, 8 with the cost line) so that updating it never
-    re-lays out the screen; the retry line keeps its row, blank, when no retry is pending."""
-
-    DEFAULT_CSS = """
-    HudStats {
-        height: 7;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    HudStats.-with-cost {
-        height: 8;
-    }
-    """
+class HudStats(Lines):
+    """The spread, the targets and the counters. Its height changes only when a target line comes or goes (a
+    reply of a new mode), never while a reply streams; the retry line keeps its row, blank, when no retry is
+    pending."""
 
     def __init__(self, *, with_cost: bool = False, id: str | None = None) -> None:
         super().__init__(id=id, classes="-with-cost" if with_cost else None)
         self.with_cost = with_cost
 
-    def show(self, metrics: Metrics, sla: Sla | None) -> None:
-        """Paint the figures of ``metrics``, the SLA series coloured against ``sla``."""
-        self.update(render_stats(metrics, sla, with_cost=self.with_cost), layout=False)
+    def show(self, metrics: Metrics, targets: Targets) -> None:
+        """Paint the figures of ``metrics``, the target series coloured against ``targets``."""
+        self.paint_lines(render_stats(metrics, targets, with_cost=self.with_cost))

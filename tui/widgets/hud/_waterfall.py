@@ -4,6 +4,9 @@ Each row's bar sits where that phase happened between t0 and the end, so the bar
 figures are the standard ones (TTFB and TTFT count from t0, as everywhere in llmchat); the bars of TTFB, TTFT
 and streaming are the stretch in which that milestone was reached: waiting for the server after sending,
 waiting for the first token after the headers, and receiving the rest.
+
+No target colours here: the charts above say whether the request met its target, with the target beside the
+verdict; a bar's colour would say it again without the reason.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from textual.content import Content
 from textual.widgets import Static
 
 from llmchat.core._timing import TimingRecord
-from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE, Sla, ms
+from llmchat.tui.numbers import duration, plural
+from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 _NAME_W = 8
@@ -28,7 +32,6 @@ class _Row(NamedTuple):
     value_ms: float | None
     start_ns: int | None
     end_ns: int | None
-    style: str
 
 
 def bar(start: float, end: float, width: int) -> str:
@@ -45,26 +48,22 @@ def bar(start: float, end: float, width: int) -> str:
     return text[:width]
 
 
-def _rows(record: TimingRecord, sla: Sla | None) -> list[_Row]:
+def _rows(record: TimingRecord) -> list[_Row]:
     p = record.phases
-    if record.error is not None or record.cancelled or record.cache_hit:
-        sla = None  # the target is about replies from the network; a failure is red in the header instead
     pool_end = p.connect_start_ns if p.connect_start_ns is not None else p.send_start_ns
     sent = p.send_end_ns if p.send_end_ns is not None else p.send_start_ns
     first, end = record.first_token_ns, record.end_ns
     stream = record.mode == "stream"
     streaming_ms = None if first is None or end is None else (end - first) / 1e6
-    ttft_style = sla.style("ttft", record.ttft_ms) if sla else ""
-    total_style = sla.style("total", record.total_ms) if sla else ""
     return [
-        _Row("pool", record.pool_wait_ms, p.start_ns if pool_end is not None else None, pool_end, ""),
-        _Row("connect", record.connect_ms, p.connect_start_ns, p.connect_end_ns, ""),
-        _Row("tls", record.tls_ms, p.tls_start_ns, p.tls_end_ns, ""),
-        _Row("send", record.send_ms, p.send_start_ns, p.send_end_ns, ""),
-        _Row("ttfb", record.ttfb_ms, sent, p.headers_ns, ""),
-        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first, ttft_style),
-        _Row("stream", streaming_ms if stream else None, first, end, ""),
-        _Row("total", record.total_ms, record.t0_ns, end, total_style),
+        _Row("pool", record.pool_wait_ms, p.start_ns if pool_end is not None else None, pool_end),
+        _Row("connect", record.connect_ms, p.connect_start_ns, p.connect_end_ns),
+        _Row("tls", record.tls_ms, p.tls_start_ns, p.tls_end_ns),
+        _Row("send", record.send_ms, p.send_start_ns, p.send_end_ns),
+        _Row("ttfb", record.ttfb_ms, sent, p.headers_ns),
+        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first),
+        _Row("stream", streaming_ms if stream else None, first, end),
+        _Row("total", record.total_ms, record.t0_ns, end),
     ]
 
 
@@ -88,12 +87,11 @@ def header(record: TimingRecord) -> Content:
     if outcome:
         parts += [" · ", (outcome, MISS_STYLE if failed else MUTED_STYLE if record.cancelled else "")]
     if record.retries:
-        n = len(record.retries)
-        parts += [" · ", (f"{n} retr{'y' if n == 1 else 'ies'}", WARN_STYLE)]
+        parts += [" · ", (plural(len(record.retries), "retry"), WARN_STYLE)]
     return Content.assemble(*parts)
 
 
-def render_waterfall(record: TimingRecord | None, width: int, sla: Sla | None) -> Content:
+def render_waterfall(record: TimingRecord | None, width: int) -> Content:
     """The waterfall of ``record`` in ``width`` cells: a header line, then one line per phase; a phase that
     did not happen (no connect on a reused connection, no TTFT in batch mode) shows ``-`` and no bar."""
     if record is None:
@@ -102,14 +100,13 @@ def render_waterfall(record: TimingRecord | None, width: int, sla: Sla | None) -
     t0 = record.t0_ns
     span = (record.end_ns or t0) - t0
     lines: list[Content] = [header(record)]
-    for row in _rows(record, sla):
+    for row in _rows(record):
         cells: list[str | tuple[str, str]] = [
-            f"{row.name:<{_NAME_W}}",
-            (f"{ms(row.value_ms):>{_VALUE_W}}", row.style),
+            f"{row.name:<{_NAME_W}}", f"{duration(row.value_ms):>{_VALUE_W}}",
         ]
         if row.value_ms is not None and row.start_ns is not None and row.end_ns is not None and span > 0:
             drawn = bar((row.start_ns - t0) / span, (row.end_ns - t0) / span, bar_w)
-            cells += [" ", (drawn, row.style or "$primary")]
+            cells += [" ", (drawn, "$primary")]
         lines.append(Content.assemble(*cells))
     return Content("\n").join(lines)
 
@@ -126,14 +123,14 @@ class Waterfall(Static):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(render_waterfall(None, 30, None), id=id)
-        self._shown: tuple[TimingRecord | None, Sla | None] = (None, None)
+        super().__init__(render_waterfall(None, 30), id=id)
+        self._shown: TimingRecord | None = None
 
-    def show(self, record: TimingRecord | None, sla: Sla | None) -> None:
-        """Paint ``record``'s waterfall, coloured against ``sla``."""
-        self._shown = (record, sla)
-        self.update(render_waterfall(record, self.content_size.width or 30, sla), layout=False)
+    def show(self, record: TimingRecord | None) -> None:
+        """Paint ``record``'s waterfall."""
+        self._shown = record
+        self.update(render_waterfall(record, self.content_size.width or 30), layout=False)
 
     def on_resize(self) -> None:
         # The bars are drawn to the width, so a new width needs new bars (the height is fixed).
-        self.show(*self._shown)
+        self.show(self._shown)
