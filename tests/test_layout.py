@@ -85,3 +85,27 @@ def test_only_the_transport_imports_httpx() -> None:
 def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "llmchat.tui", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "serve" in out.stdout
+
+
+def test_ask_imports_neither_the_server_nor_hypercorn_nor_textual() -> None:
+    # What `llmchat ask` loads before it talks to anyone: the command line and the ask command.
+    code = (
+        "import sys; from llmchat.tui.cli import parse_args; parse_args(['ask', 'hi']); "
+        "import llmchat.tui.commands.ask; "
+        "print(sorted({m.split('.')[0] if not m.startswith('llmchat') else m for m in sys.modules "
+        "if m.startswith(('hypercorn', 'textual', 'llmchat.core.server._run', 'llmchat.tui.app'))}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_local_server_has_an_entry_point_of_its_own() -> None:
+    from llmchat.core.server import start_subprocess
+
+    done = subprocess.run([sys.executable, "-m", "llmchat.core.server", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "--profile" in done.stdout and "--cold-start-ms" in done.stdout
+    with start_subprocess(["--profile", "instant"]) as server:
+        # The engine starts the engine, never the face.
+        assert server.process.args[1:3] == ["-m", "llmchat.core.server"]

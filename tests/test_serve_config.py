@@ -8,7 +8,7 @@ import pytest
 
 from llmchat.core import UsageError
 from llmchat.core.server import resolve_settings
-from llmchat.tui.commands.serve import config_values
+from llmchat.core.server._cli import config_values
 
 
 def test_file_keys_layer_between_profile_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import pytest
 from llmchat.core._errors import LLMChatError
 from llmchat.core.server import start_subprocess
 from llmchat.tui.cli import build_parser, main
-from llmchat.tui.commands.serve import flag_values
+from llmchat.core.server._cli import flag_values
 
 UNUSED_TLS = (
     ssl.create_default_context()

@@ -67,12 +67,13 @@ class SubprocessServer:
 
 
 def start_subprocess(args: list[str], *, timeout: float = 30.0) -> SubprocessServer:
-    """Spawn ``python -m llmchat.tui serve --port 0 *args`` and return once it prints its ready line.
+    """Spawn ``python -m llmchat.core.server --port 0 *args`` and return once it prints its ready line.
 
     ``args`` are further `llmchat serve` flags (a later ``--port`` wins). Raises LLMChatError with the child's
     last stderr line if it exits or stays silent for ``timeout`` seconds (then it is killed).
     """
-    command = [sys.executable, "-m", "llmchat.tui", "serve", "--port", "0", *args]
+    # The engine's own entry point: the engine never starts the face (llmchat.tui).
+    command = [sys.executable, "-m", "llmchat.core.server", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         command,

@@ -1,182 +1,30 @@
 """`llmchat serve`: run the local OpenAI-compatible server until SIGINT or SIGTERM.
 
-Settings, later wins: the defaults, the profile (``--profile``, or ``server.profile`` in the config), the
-config file's ``[server]`` section, then each flag given. Exit status 0 after a
-clean shutdown, 2 for a bad flag value, 1 when the address cannot be bound.
+The flags and what they do are the engine's (``llmchat.core.server``'s command line, which
+``python -m llmchat.core.server`` also runs); this face adds the shared ``--config`` and ``--metrics-port``.
+Nothing heavy is imported until the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
-from typing import Any
 
-from llmchat.core import ServerSettings, load_settings
-from llmchat.core._prometheus import MetricsServer
-from llmchat.core.server import PROFILE_SUMMARIES, resolve_settings, serve
-from llmchat.core.server._metrics import ServerMetrics
+from llmchat.core.server import cli
 from llmchat.tui.commands import _options
-
-# flag dest -> ServerSettings field, for the flags whose names differ
-_FIELD = {"model": "models"}
-
-_EPILOG = (
-    "profiles (explicit flags win over the profile):\n"
-    + "\n".join(f"  {name:<8} {summary}" for name, summary in PROFILE_SUMMARIES.items())
-    + (
-        "\n\nWith --tokens-per-s 0 (unlimited) the server sends every token that is due in one write,"
-        "\nup to 16 KiB, so it is never the bottleneck of a client benchmark. The last chunk before [DONE]"
-        "\nand every whole reply carry server_timing: time.monotonic_ns() stamps of request received,"
-        "\nfirst token sent and last token sent."
-    )
-)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="run a local OpenAI-compatible server (offline demo, tests, benchmarks)",
-        description="Serve /v1/chat/completions, /v1/embeddings, /v1/models and /health over HTTP/1.1 "
-        "and h2c "
-        "(or h2 and HTTP/1.1 over TLS), with deterministic replies and a latency and fault profile.",
-        epilog=_EPILOG,
+        description=cli.DESCRIPTION,
+        epilog=cli.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    a = p.add_argument
-    a("--host", help="the address to listen on (default 127.0.0.1)")
-    a("--port", type=int, help="the port (default 8000; 0 takes a free one)")
-    a("--profile", choices=list(PROFILE_SUMMARIES), help="a named latency and fault profile (see below)")
-    a(
-        "--model",
-        action="append",
-        metavar="ID",
-        help="a model id to offer; repeat for more (the first is the default)",
-    )
-    a("--ttft-ms", type=float, metavar="MS", help="time to the first content token")
-    a("--tokens-per-s", type=float, metavar="N", help="generation speed; 0 is unlimited")
-    a("--jitter-ms", type=float, metavar="MS", help="random extra delay, up to this, per token")
-    a(
-        "--cold-start-ms",
-        type=float,
-        metavar="MS",
-        help="extra delay on a model's first request after start or after --idle-unload-s without traffic",
-    )
-    a(
-        "--idle-unload-s",
-        type=float,
-        metavar="S",
-        help="a model unused this long pays the cold start again (0 never)",
-    )
-    a("--rate-limit", type=int, metavar="N", help="requests per minute per API key before 429 (0: no limit)")
-    a("--error-rate", type=float, metavar="P", help="probability of a 500/502/503 reply")
-    a("--drop-rate", type=float, metavar="P", help="probability that a stream's connection is cut mid-way")
-    a("--stall-ms", type=float, metavar="MS", help="a pause this long in the middle of every stream")
-    a(
-        "--max-concurrency",
-        type=int,
-        metavar="N",
-        help="generate at most N chat replies at once; the rest queue (server_timing and /metrics show the "
-        "wait; 0: no limit)",
-    )
-    a("--api-key", metavar="KEY", help="require this bearer token (401 without it)")
-    a("--embedding-dim", type=int, metavar="N", help="length of /v1/embeddings vectors (default 256)")
-    a("--seed", type=int, help="seed of the fault dice, so a flaky run repeats")
-    a(
-        "--tls",
-        action="store_true",
-        default=None,
-        help="serve https (h2 by ALPN) with a self-signed certificate for 127.0.0.1 and localhost "
-        "(prints its path)",
-    )
-    a("--certfile", metavar="PEM", help="serve https with this certificate (needs --keyfile)")
-    a("--keyfile", metavar="PEM", help="the private key for --certfile")
-    a(
-        "--rtt-ms",
-        type=float,
-        metavar="MS",
-        help="emulate a network round trip: delay bytes by half of this each way, so new connections and "
-        "TLS handshakes cost what they do across regions (a proxy in front of the server; see llmchat proxy)",
-    )
-    _options.add(p, "metrics", help={"--metrics-port": "serve Prometheus metrics (requests by route and "
-                 "status, in flight, tokens sent) at http://127.0.0.1:PORT/metrics; 0 takes a free port (needs the "
-                 "metrics extra)"})
-    a(
-        "--max-requests-per-connection",
-        type=int,
-        metavar="N",
-        help="retire a connection after N requests, as nginx does (default 1000): HTTP/1.1 with "
-        "Connection: close, HTTP/2 with a GOAWAY that lets the streams in flight finish; 0: never",
-    )
-    a(
-        "--close-after-stream",
-        action="store_true",
-        default=None,
-        help="emulate llama.cpp: after a stream, hang up on the next request of that HTTP/1.1 connection",
-    )
-    a(
-        "--split-surrogates",
-        action="store_true",
-        default=None,
-        help="stream each emoji as a surrogate-pair escape split across two chunks (each valid JSON alone)",
-    )
+    cli.add_arguments(p)
+    _options.add(p, "metrics", help={"--metrics-port": cli.METRICS_HELP})
     p.set_defaults(func=run)
 
 
-def config_values(config: str | None) -> dict[str, Any]:
-    """The [server] keys the config file and LLMCHAT_SERVER__* set, as a layer over the profile.
-
-    Keys equal to their defaults are left out, so a profile named on the command line still applies; the
-    price is that a key written out at its default value cannot override a profile (name it as a flag).
-    """
-    server = load_settings(config).server
-    defaults = ServerSettings()
-    return {f.name: getattr(server, f.name) for f in dataclasses.fields(server)
-            if getattr(server, f.name) != getattr(defaults, f.name)}
-
-
-def flag_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The ServerSettings keys the command line gave explicitly."""
-    names = (
-        "host",
-        "port",
-        "profile",
-        "model",
-        "ttft_ms",
-        "tokens_per_s",
-        "jitter_ms",
-        "cold_start_ms",
-        "idle_unload_s",
-        "rate_limit",
-        "error_rate",
-        "drop_rate",
-        "stall_ms",
-        "max_concurrency",
-        "api_key",
-        "embedding_dim",
-        "seed",
-        "tls",
-        "certfile",
-        "keyfile",
-        "close_after_stream",
-        "split_surrogates",
-        "rtt_ms",
-        "max_requests_per_connection",
-    )
-    return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
-
-
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(config_values(args.config), flag_values(args))
-    metrics, exposed = None, None
-    if args.metrics_port is not None:
-        metrics = ServerMetrics()
-        exposed = MetricsServer(metrics.registry, args.metrics_port)
-        # Before the ready line: whoever waits for that line may scrape at once.
-        print(f"llmchat server metrics on {exposed.url}", flush=True)
-    try:
-        asyncio.run(serve(settings, ready=lambda line: print(line, flush=True), metrics=metrics))
-    finally:
-        if exposed is not None:
-            exposed.close()
-    return 0
+    return cli.run(args)
