@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
 import socket
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from llmchat.core import Settings, percentile
 from llmchat.core._attribution import PARTS
 from llmchat.core._load import LoadRun, Sample, Scenario, Target, interleave, parse_configs
 from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._load_stats import RELATIVE_ERROR, Distribution
 from llmchat.core._timing import TimingRecord
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
@@ -485,3 +487,40 @@ def test_bench_writes_the_request_log(server_factory, tmp_path, capsys) -> None:
     assert status == 0
     lines = [_json.loads(x) for x in log.read_text().splitlines()]
     assert len(lines) == 6 and all(line["status"] == 200 for line in lines)
+
+
+# -- bounded distributions ----------------------------------------------------------------------------------
+
+def test_a_distribution_is_exact_until_its_limit_then_within_its_error() -> None:
+    rng = random.Random(7)
+    draws = {
+        "lognormal": lambda: rng.lognormvariate(3.0, 1.0),
+        "straddling zero": lambda: rng.uniform(-5.0, 50.0),
+        "with zeros": lambda: rng.choice([0.0, rng.expovariate(0.2)]),
+        "negative": lambda: -rng.expovariate(1.0),
+    }
+    for name, draw in draws.items():
+        values = [draw() for _ in range(20_000)]
+        d = Distribution(limit=500)
+        d.extend(values[:500])
+        assert d.exact and all(d.percentile(q) == percentile(values[:500], q) for q in (0, 50, 99, 100))
+        d.extend(values[500:])
+        assert not d.exact and d.count == len(values)
+        assert d.mean == pytest.approx(sum(values) / len(values))
+        ordered = sorted(values)
+        for q in (0, 1, 10, 50, 90, 99, 99.9, 100):
+            pos = (len(values) - 1) * q / 100
+            lo, hi = ordered[int(pos)], ordered[min(int(pos) + 1, len(values) - 1)]
+            # Each of the two ranks it interpolates between is within the relative error of the exact one.
+            bound = RELATIVE_ERROR * max(abs(lo), abs(hi)) + 1e-12
+            assert abs(d.percentile(q) - percentile(values, q)) <= bound, (name, q)
+
+
+def test_a_distributions_memory_stops_growing_past_its_limit() -> None:
+    rng = random.Random(3)
+    d = Distribution(limit=1_000)
+    d.extend([rng.uniform(1.0, 1_000.0) for _ in range(50_000)])
+    size = d.nbytes()
+    d.extend([rng.uniform(1.0, 1_000.0) for _ in range(100_000)])
+    # Flat: the buckets of three decades (about 3,500 counts at 0.1 %), a fraction of the values seen.
+    assert d.nbytes() == size < 8 * 50_000 / 10
