@@ -296,7 +296,9 @@ class ConfigStats:
     attribution_shares: dict[str, float] = field(default_factory=dict)
     """Each group's share of the successful requests' summed totals, in bar order."""
     approximate: tuple[str, ...] = ()
-    """Metrics and part keys whose percentiles came from the histogram (more than EXACT_LIMIT values)."""
+    """Metrics (``METRICS``) whose percentiles came from the histogram (more than EXACT_LIMIT values)."""
+    approximate_parts: tuple[str, ...] = ()
+    """Attribution parts whose percentiles came from the histogram."""
 
     @property
     def failed(self) -> int:
@@ -385,7 +387,8 @@ class ConfigStats:
             "slo": {"ttft_ms": self.slo.ttft_ms, "e2e_ms": self.slo.e2e_ms},
             "met_slo": self.good if self.slo.given else None,
             "latency_ms": {m: {q: _r(v) for q, v in qs.items()} for m, qs in self.latency.items()},
-            "percentiles_approximate": list(self.approximate),
+            "percentiles_approximate": {"latency": list(self.approximate),
+                                        "attribution": list(self.approximate_parts)},
             "http_versions": dict(self.http_versions),
             "http_version": self.http_version,
             "connections_reused": self.reused,
@@ -483,7 +486,6 @@ class Tally:
             row: dict[str, float | None] = {f"p{q}": d.percentile(q) for q in QUANTILES}
             row["n"] = d.count
             attribution[key] = row
-        distributions = [*self.latency.items(), *((k, self.parts[k]) for k in keys)]
         return ConfigStats(
             name=self.name,
             requests=self.requests,
@@ -504,7 +506,8 @@ class Tally:
             good=self.good,
             attribution=attribution,
             attribution_shares=shares,
-            approximate=tuple(k for k, d in distributions if not d.exact),
+            approximate=tuple(m for m, d in self.latency.items() if not d.exact),
+            approximate_parts=tuple(k for k in keys if not self.parts[k].exact),
         )
 
 

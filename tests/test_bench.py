@@ -34,7 +34,7 @@ from llmchat.core._timing import TimingRecord
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 from llmchat.tui.commands import bench as bench_cmd
-from llmchat.tui.commands._bench_report import fmt_ms
+from llmchat.tui.commands._bench_report import figures_table, fmt_ms
 
 Factory = Callable[..., RunningServer]
 
@@ -644,7 +644,10 @@ async def test_a_load_run_keeps_only_its_tallies(local_server) -> None:
     assert values > 10 * 250  # five latency figures and the parts of each request
     assert sum(d.nbytes() for d in kept) <= 8 * values * 1.25 + 100 * len(kept)
     stats = tally.stats(load.walls_ns["base"])
-    assert stats.approximate == ("itl",) and stats.requests == stats.ok == 250
+    assert stats.approximate == ("itl",) and stats.approximate_parts == ()
+    assert "percentiles of ITL from a log-bucketed histogram, each within 0.1%" in figures_table([stats],
+                                                                                              mode="stream")
+    assert stats.requests == stats.ok == 250
 
 
 def test_a_distribution_is_exact_until_its_limit_then_within_its_error() -> None:

@@ -132,7 +132,7 @@ def attribution_table(stats: Sequence[ConfigStats]) -> str:
                                                                       key=lambda kv: -abs(kv[1])))
         lines.append(f"{s.name:<{width}}  {split or '-'}")
     text = "\n".join(lines) + "\nparts: " + _part_sources(present)
-    approximate = [k for k in present if any(k in s.approximate for s in stats)]
+    approximate = [k for k in present if any(k in s.approximate_parts for s in stats)]
     if approximate:
         text += "\n" + _approximate_note(approximate)
     return text
