@@ -2,12 +2,14 @@
 
 Both sides send the same prompts through one ``ChatClient`` (h2c) to `llmchat serve --profile instant` in a
 child process, with the same number of concurrent users, and read each stream to its end. The bare loop is
-``async for _ in client.stream(...)`` in N tasks; the load generator is ``LoadRun`` (tickets, prompt plan,
-samples, stats afterwards). Rounds alternate between the two so machine noise hits both alike.
+``async for _ in client.stream(...)`` in N tasks; the load generator is ``LoadRun`` (tickets, prompt plan, each
+request's attribution and its tally as it ends, the figures afterwards). Rounds alternate between the two so
+machine noise hits both alike.
 
 Columns: ``req/s`` requests per second of wall time, ``cpu us/req`` this process's CPU time per request (user
 + system, from ``time.process_time``), and ``vs bare`` the load generator's figure divided by the bare loop's
-from the same run (> 1.00 is overhead). The ``summarize`` line is the cost of the figures table afterwards.
+from the same run (> 1.00 is overhead). The ``figures`` line is the cost of the figures table at the end (the
+tally each request feeds is in the load generator's CPU).
 
 Run: ``/work/venv/bin/python benchmarks/bench_overhead.py`` (about 15 s) or ``--quick``.
 """
@@ -22,7 +24,6 @@ import time
 from llmchat.core import ChatClient
 from llmchat.core._load import LoadRun, Scenario, Target
 from llmchat.core._load_prompts import PromptPlan
-from llmchat.core._load_stats import summarize
 from llmchat.core.server import start_subprocess
 
 MODEL = "llmchat-local"
@@ -55,7 +56,7 @@ async def generator(base_url: str, users: int, requests: int, max_tokens: int) -
     await load.run()
     wall_s, cpu_s = (time.perf_counter_ns() - wall) / 1e9, time.process_time() - cpu
     t = time.process_time()
-    summarize("base", load.records("base"), load.walls_ns["base"])
+    load.tallies["base"].stats(load.walls_ns["base"])
     return wall_s, cpu_s, time.process_time() - t
 
 
@@ -85,7 +86,7 @@ def main() -> None:
         if name == "bare loop":
             base_rps, base_cpu = rps, cpu
         print(f"{name:<16}{rps:>10.1f}{rps / base_rps:>9.2f}{cpu:>12.1f}{cpu / base_cpu:>9.2f}")
-    print(f"summarize: {statistics.median(stats_cpu) / requests * 1e6:.1f} us of CPU per request's record")
+    print(f"figures: {statistics.median(stats_cpu) / requests * 1e6:.1f} us of CPU per request at the end")
 
 
 if __name__ == "__main__":

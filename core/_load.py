@@ -7,6 +7,16 @@ seeded, each request in its own task whatever is in flight, up to ``max_in_fligh
 each gets its own ``ChatClient`` with its own connection pool and cache folder, since the pool is what is
 compared.
 
+Each pool is sized for the load unless ``Target.max_connections`` says otherwise: one connection per user in a
+closed loop, the in-flight cap in an open one (HTTP/1.1 slots open lazily, so only as many connections open as
+requests are ever in flight at once; HTTP/2 multiplexes them all on one connection whatever the size). A pool
+timeout is then the bench's own doing, never the server's: it fails the request once, as a client error,
+instead of going back into the same queue as a retry (``_OwnPoolTransport``).
+
+Nothing of a finished request is kept: its record and attribution go to ``on_sample`` (``llmchat bench``
+streams them to ``--json``) and into the configuration's ``Tally``, which keeps counters and bounded
+distributions (:mod:`llmchat.core._load_stats`), so memory stays flat however long the run.
+
 To let machine noise hit every configuration alike, the run is cut into ``slices``: each round runs one slice
 of every configuration, in an order shuffled per round (seeded). Slice ``s`` sends the same prompts and, in an
 open loop, the same arrival times under every configuration. One slice's requests all finish before the next
@@ -25,18 +35,23 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmchat.core._attribution import Attribution, attribute
 from llmchat.core._bus import Bus
 from llmchat.core._client import ChatClient
+from llmchat.core._coldstart import ColdStartDetector
 from llmchat.core._errors import APIError, LLMChatError, UsageError
+from llmchat.core._errors import TimeoutError as APITimeoutError
 from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._load_stats import SLO, Tally
 from llmchat.core._metrics_poller import ServerMetricsPoller
 from llmchat.core._settings import Http2Mode, Settings
 from llmchat.core._timing import TimingRecord
-from llmchat.core._transport import Transport
+from llmchat.core._transport import Transport, WireResponse
 
 Mode = Literal["stream", "batch"]
 
@@ -77,6 +92,11 @@ class Scenario:
     @property
     def open_loop(self) -> bool:
         return self.rate > 0
+
+    @property
+    def concurrency(self) -> int:
+        """The most requests in flight at once: the users of a closed loop, the cap of an open one."""
+        return self.max_in_flight if self.open_loop else self.users
 
     def validate(self) -> None:
         """Raise UsageError, one line naming the flag, for a value out of range."""
@@ -161,7 +181,8 @@ class Target:
     http2: Http2Mode | None = None
     model: str | None = None
     max_connections: int | None = None
-    """Size every pool to this many connections, kept alive alike (nopool keeps none and has no limit)."""
+    """Size every pool to this many connections, kept alive alike (nopool keeps none and has no limit); None
+    sizes it for the scenario (``Scenario.concurrency``)."""
     bus: Bus | None = None
     """One bus for every configuration's client (``--metrics-port`` watches it); None gives each its own."""
     api_key_env: str | None = None
@@ -170,7 +191,8 @@ class Target:
 
 @dataclass(slots=True)
 class Sample:
-    """One request of a load test: its configuration, slice, place in the slice, and timing record."""
+    """One finished request of a load test, as ``on_sample`` gets it: its configuration, slice, place in the
+    slice, timing record and attribution. LoadRun keeps none of it once the callback returns."""
 
     config: str
     slice: int
@@ -180,10 +202,13 @@ class Sample:
     lag_ms: float = 0.0
     """Open loop: how late the request went out after its scheduled arrival (the in-flight cap, a busy
     loop)."""
+    attribution: Attribution | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The record's summary (no text, no secrets), the chunk gaps, and the request's place in the run."""
-        return {
+        """The record's summary (no text, no secrets), the chunk gaps, the request's place in the run, and
+        its attribution when it has one."""
+        data = {
+            "type": "request",
             "config": self.config,
             "slice": self.slice,
             "index": self.index,
@@ -192,12 +217,35 @@ class Sample:
             **self.record.summary(),
             "itl_ms": [round(v, 3) for v in self.record.itl_ms],
         }
+        if self.attribution is not None:
+            data["attribution"] = self.attribution.to_dict()
+        return data
 
 
-def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
+class _OwnPoolTransport(Transport):
+    """A configuration's pool, as the bench uses it: a request that finds no free connection in time fails
+    once with its pool timeout (``timeout_pool``, a client error), not retried. The wait was in the bench's
+    own queue: a retry would put it at the back of the same queue and count the client's shortfall as a
+    failure the server had (the app's pools do retry it: there a connection frees up once a reply ends)."""
+
+    @asynccontextmanager
+    async def request(self, *args: Any, **kwargs: Any) -> AsyncIterator[WireResponse]:
+        async with AsyncExitStack() as stack:
+            try:
+                response = await stack.enter_async_context(super().request(*args, **kwargs))
+            except APITimeoutError as exc:
+                if exc.phase == "pool":
+                    exc.retryable = False
+                raise
+            yield response
+
+
+def make_client(name: str, target: Target, cache_dir: str, *, connections: int | None = None) -> ChatClient:
     """A ChatClient for configuration ``name`` (see CONFIGS) with a pool of its own and a fresh cache folder.
 
-    Raises UsageError for an unknown name, ConfigError / UsageError as ChatClient does for the target.
+    The pool holds ``target.max_connections`` connections, else ``connections``, else http.max_connections
+    (nopool: no limit); a pool timeout in it is not retried (``_OwnPoolTransport``). Raises UsageError for an
+    unknown name, ConfigError / UsageError as ChatClient does for the target.
     """
     parts = set(name.split("+"))
     unknown = parts - set(CONFIGS)
@@ -212,9 +260,9 @@ def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
     client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
                         http2=target.http2, retry=retry, bus=target.bus, api_key_env=target.api_key_env)
     http = client.endpoint.http
-    if target.max_connections is not None:
-        http = dataclasses.replace(http, max_connections=target.max_connections,
-                                   max_keepalive_connections=target.max_connections)
+    size = target.max_connections if target.max_connections is not None else connections
+    if size is not None:
+        http = dataclasses.replace(http, max_connections=size, max_keepalive_connections=size)
     if "h2" in parts:
         tls = client.endpoint.base_url.startswith("https")
         http = dataclasses.replace(http, http2=True if tls else "h2c")
@@ -228,7 +276,7 @@ def make_client(name: str, target: Target, cache_dir: str) -> ChatClient:
     # Changed on the endpoint, not the settings, so a provider's own [providers.X.http] cannot undo it; and a
     # Transport of its own, because ChatClients share one pool per endpoint and the pool is what is compared.
     client.endpoint = dataclasses.replace(client.endpoint, http=http)
-    client._transport = Transport(client.endpoint)
+    client._transport = _OwnPoolTransport(client.endpoint)
     return client
 
 
@@ -253,11 +301,15 @@ async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mo
 
 
 class LoadRun:
-    """Run ``scenario`` under each configuration, interleaved, collecting a ``Sample`` per request.
+    """Run ``scenario`` under each configuration, interleaved, tallying each request as it ends.
 
-    ``on_sample(sample)`` is called as each request ends and ``on_slice(round, config)`` as each slice starts
-    (both on the event loop: keep them quick). ``samples``, ``walls_ns`` (per configuration, the sum of its
-    slices) and ``cap_hits`` hold what was done so far, also after a cancel.
+    ``on_start(run)`` is called once the clients are built and the model known (``base_url``, ``model`` and
+    ``pool_sizes`` are set), ``on_slice(round, config)`` as each slice starts and ``on_sample(sample)`` as
+    each request ends, with its record and attribution (all on the event loop: keep them quick). Each
+    request's attribution is made once, with ``detector`` when given (fed every record in the order they
+    finish), and counted in its configuration's ``tallies`` entry (goodput against ``slo``); the request
+    itself is not kept. ``tallies``, ``walls_ns`` (per configuration, the sum of its slices), ``done``,
+    ``failed`` and ``cap_hits`` hold what was done so far, also after a cancel.
     """
 
     def __init__(
@@ -266,31 +318,40 @@ class LoadRun:
         configs: Sequence[str],
         target: Target,
         *,
+        slo: SLO | None = None,
+        detector: ColdStartDetector | None = None,
         on_sample: Callable[[Sample], object] | None = None,
         on_slice: Callable[[int, str], object] | None = None,
+        on_start: Callable[[LoadRun], object] | None = None,
     ) -> None:
         scenario.validate()
         self.scenario = scenario
         self.configs = list(configs)
         self.target = target
+        self.detector = detector
         self.on_sample = on_sample
         self.on_slice = on_slice
+        self.on_start = on_start
         self.plan = PromptPlan(scenario.seed, scenario.long_ratio, scenario.distinct_prompts)
-        self.samples: list[Sample] = []
+        self.tallies: dict[str, Tally] = {c: Tally(c, slo=slo) for c in self.configs}
+        self.done = 0
+        """Requests finished, every configuration."""
+        self.failed = 0
+        self.first_error: str | None = None
+        """The one-line error of the first request that failed."""
         self.walls_ns: dict[str, int] = dict.fromkeys(self.configs, 0)
         self.cap_hits = 0
         self.model = scenario.model or target.model or ""
         self.base_url = ""
         self.pool_sizes: dict[str, int] = {}
         """Each configuration's http.max_connections, as its client was built."""
+        self.pool_size = scenario.concurrency if target.max_connections is None else target.max_connections
+        """The pool of every configuration but nopool: ``--max-connections``, else sized for the scenario."""
         self.server_snapshots: dict[str, list[Mapping[str, float] | None]] = {c: [] for c in self.configs}
         """Per configuration, the provider's /metrics scraped while its slices ran (None: a failed scrape)."""
         self.metrics_url = ""
         self.metrics_interval_s = 0.0
         self._running = self.configs[0] if self.configs else ""
-
-    def records(self, config: str) -> list[TimingRecord]:
-        return [s.record for s in self.samples if s.config == config]
 
     async def run(self) -> None:
         """Run every slice of every configuration. Raises UsageError when no model is given and the server
@@ -302,12 +363,15 @@ class LoadRun:
         poller: ServerMetricsPoller | None = None
         try:
             for name in self.configs:
-                clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}")
+                clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}",
+                                            connections=self.pool_size)
                 self.pool_sizes[name] = clients[name].endpoint.http.max_connections
             first = clients[self.configs[0]]
             self.base_url = first.endpoint.base_url
             self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models")
             poller = self._poller(first, list(clients.values()))
+            if self.on_start is not None:
+                self.on_start(self)
             for slice_no, name in interleave(self.configs, self.scenario.slices, self.scenario.seed):
                 self._running = name
                 if self.on_slice is not None:
@@ -401,10 +465,16 @@ class LoadRun:
         sent = time.perf_counter_ns()
         record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
                                     params=self.scenario.params())
-        sample = Sample(name, slice_no, index, long, record, 0.0 if due is None else max(0, sent - due) / 1e6)
-        self.samples.append(sample)
+        attribution = attribute(record, detector=self.detector)
+        self.tallies[name].add(record, attribution, long=long)
+        self.done += 1
+        if record.error_kind is not None:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = record.error or record.error_kind
         if self.on_sample is not None:
-            self.on_sample(sample)
+            lag_ms = 0.0 if due is None else max(0, sent - due) / 1e6
+            self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution))
 
 
 async def _first_model(target: Target, cache_dir: str) -> str:

@@ -2,14 +2,22 @@
 
 Every run is small (tens of requests, instant or near-instant server profiles): a second or two per test.
 Figures are checked against the per-request records in the same run's --json, never hard-coded values.
+
+``--json`` is JSON Lines (the run, one line per request as it finishes, the summary last); ``read_results``
+checks that shape and gives the tests one dict as the file's schema 1 had it: the run's and the summary's keys
+with ``requests`` the list of request lines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
+import random
 import socket
+import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -21,11 +29,12 @@ from llmchat.core import Settings, percentile
 from llmchat.core._attribution import PARTS
 from llmchat.core._load import LoadRun, Sample, Scenario, Target, interleave, parse_configs
 from llmchat.core._load_prompts import PromptPlan
+from llmchat.core._load_stats import EXACT_LIMIT, RELATIVE_ERROR, Distribution
 from llmchat.core._timing import TimingRecord
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 from llmchat.tui.commands import bench as bench_cmd
-from llmchat.tui.commands._bench_report import fmt_ms
+from llmchat.tui.commands._bench_report import figures_table, fmt_ms
 
 Factory = Callable[..., RunningServer]
 
@@ -36,12 +45,23 @@ def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, out, err
 
 
+def read_results(path: Path) -> dict[str, Any]:
+    """The --json file as one dict: the first line's keys, the summary's, and ``requests``, every request line
+    in the order written. Fails unless the file is a run line, request lines, and one summary line that counts
+    them."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    head, *requests, tail = lines
+    assert head["type"] == "bench" and head["schema"] == 2 and tail["type"] == "summary"
+    assert all(r["type"] == "request" for r in requests) and tail["request_lines"] == len(requests)
+    return {**head, **tail, "requests": requests}
+
+
 def bench_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> tuple[dict[str, Any], str]:
     path = tmp_path / "bench.json"
     code, out, err = bench(capsys, *argv, "--json", str(path))
     assert code == 0, err
     assert "\r" not in err  # no progress line when stderr is not a terminal
-    return json.loads(path.read_text()), out
+    return read_results(path), out
 
 
 def by_config(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -99,14 +119,15 @@ def test_open_loop_sends_at_roughly_the_rate(capsys, tmp_path, local_server) -> 
 async def test_open_loop_cap_delays_arrivals_and_counts_it(server_factory: Factory, tmp_path) -> None:
     srv = server_factory(profile="instant", ttft_ms=80.0)
     scenario = Scenario(rate=400.0, requests=12, max_tokens=2, max_in_flight=3)
-    load = LoadRun(scenario, ["base"], Target(base_url=srv.base_url, http2="h2c"))
+    samples: list[Sample] = []
+    load = LoadRun(scenario, ["base"], Target(base_url=srv.base_url, http2="h2c"), on_sample=samples.append)
     async with asyncio.timeout(20):
         await load.run()
-    assert len(load.samples) == 12
+    assert len(samples) == 12
     assert load.cap_hits > 0
     # Requests held back by the cap went out late, and that is recorded.
-    assert max(s.lag_ms for s in load.samples) > 0
-    assert all(s.record.error is None for s in load.samples)
+    assert max(s.lag_ms for s in samples) > 0
+    assert all(s.record.error is None for s in samples)
 
 
 # -- the figures ---------------------------------------------------------------------------------------------
@@ -228,6 +249,66 @@ def test_max_connections_sizes_the_pool(capsys, tmp_path, server_factory: Factor
     assert "pool: 2 connections" in out and "pool wait ms" in out
 
 
+def _short_pool_timeout(tmp_path: Path) -> str:
+    # A pool timeout far shorter than a request: a request that has to queue for a connection times out.
+    config = tmp_path / "pool.toml"
+    config.write_text("[http]\npool_timeout_s = 0.05\n", encoding="utf-8")
+    return str(config)
+
+
+def test_pools_are_sized_for_the_users(capsys, tmp_path, server_factory: Factory) -> None:
+    # 30 users against the default pool of 10 would queue 20 of them for longer than the pool timeout.
+    srv = server_factory(profile="instant", ttft_ms=150.0)
+    data, out = bench_json(capsys, tmp_path, "--config", _short_pool_timeout(tmp_path), "--base-url",
+                           srv.base_url, "--compare", "h1,h2", "--users", "30", "--requests", "60",
+                           "--max-tokens", "2", "--slices", "1")
+    assert data["pools"] == {"h1": 30, "h2": 30}
+    assert "pool: 30 connections (one per user)" in out
+    stats = by_config(data)
+    assert all(stats[c]["failed"] == 0 and stats[c]["retries"] == 0 for c in ("h1", "h2"))
+    assert 10 < stats["h1"]["connections_opened"] <= 30  # more than the default pool, never more than users
+    assert stats["h2"]["connections_opened"] == 1  # HTTP/2 multiplexes the 30 users on one connection
+    assert "client errors" in out and "timeout_pool" not in out
+
+
+def test_a_pool_too_small_warns_once_and_its_timeouts_are_the_clients(capsys, tmp_path,
+                                                                      server_factory: Factory) -> None:
+    srv = server_factory(profile="instant", ttft_ms=150.0)
+    data, out = bench_json(capsys, tmp_path, "--config", _short_pool_timeout(tmp_path), "--base-url",
+                           srv.base_url, "--compare", "h1", "--users", "6", "--requests", "12",
+                           "--max-tokens", "2", "--slices", "1", "--max-connections", "2")
+    stats = by_config(data)["h1"]
+    timed_out = [r for r in data["requests"] if r["error_kind"] == "timeout_pool"]
+    assert timed_out and stats["client_errors"] == {"timeout_pool": len(timed_out)}
+    assert stats["client_failed"] == stats["failed"] == len(timed_out)
+    assert stats["server_errors"] == {} and stats["server_failed"] == 0 and stats["server_error_rate"] == 0
+    assert stats["client_error_rate"] == pytest.approx(len(timed_out) / 12)
+    # Not retried: each went out once, never reached the server, and counts in no retry.
+    assert all(r["attempts"] == 1 and r["status"] is None for r in timed_out) and stats["retries"] == 0
+    assert data["compare"][0]["server_error_rate"] == 0 and data["compare"][0]["client_error_rate"] > 0
+    lines = out.splitlines()
+    server_row = next(i for i, line in enumerate(lines) if line.startswith("server/net errors"))
+    client_row = next(i for i, line in enumerate(lines) if line.startswith("client errors"))
+    assert lines[server_row].split()[-2:] == ["0", "(0.0%)"]
+    assert lines[client_row + 1].split()[0] == "timeout_pool"  # listed under the client's errors
+    assert "never reached the server" in out
+
+
+def test_the_pool_warning_is_said_once_before_the_run(capsys, tmp_path, local_server) -> None:
+    code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,h2", "--users", "4",
+                           "--requests", "8", "--max-tokens", "2", "--max-connections", "2")
+    assert code == 0, err
+    assert err.count("\n") == 1 and err.startswith("llmchat: --max-connections 2 is fewer than the 4 users")
+    assert "pool wait" in err and "client's own" in err
+    assert "pool: 2 connections (--max-connections)" in out
+    # Enough connections, or nopool (no limit): nothing to say.
+    nopool = ["--compare", "nopool", "--slices", "1", "--max-connections", "1"]
+    for argv in (["--max-connections", "4"], nopool):
+        code, out, err = bench(capsys, "--base-url", local_server.base_url, "--users", "4", "--requests", "4",
+                               "--max-tokens", "2", *argv)
+        assert code == 0 and err == "", (argv, err)
+
+
 def test_compare_over_tls_negotiates_h2_by_alpn_and_counts_handshakes(
     capsys, tmp_path, tls_server, monkeypatch
 ) -> None:
@@ -285,7 +366,7 @@ def test_json_and_output_hold_no_api_key(capsys, tmp_path, server_factory: Facto
     code, out, err = bench(capsys, "--users", "2", "--requests", "6", "--max-tokens", "2",
                            "--json", str(path))
     assert code == 0, err
-    data = json.loads(path.read_text())
+    data = read_results(path)
     assert data["configs"][0]["ok"] == 6  # the key went out: the server answers 401 without it
     assert key not in path.read_text() and key not in out + err
     # A wrong key: every request fails, and neither key shows anywhere.
@@ -295,9 +376,51 @@ def test_json_and_output_hold_no_api_key(capsys, tmp_path, server_factory: Facto
     code, out, err = bench(capsys, "--users", "2", "--requests", "4", "--max-tokens", "2",
                            "--json", str(path), "--model", "llmchat-local")
     assert code == 1
-    assert set(by_config(json.loads(path.read_text()))["base"]["errors"]) == {"http_401"}
+    assert set(by_config(read_results(path))["base"]["errors"]) == {"http_401"}
     assert err.count("\n") == 1 and err.startswith("llmchat: every request failed")
     assert key not in path.read_text() + out + err
+
+
+def _complete_lines(path: Path) -> list[dict[str, Any]]:
+    """The lines of ``path`` written in full so far (the writer may be in the middle of the last one)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def test_json_holds_each_request_as_the_run_goes(capsys, tmp_path, server_factory: Factory) -> None:
+    # About 80 ms a request, two users, 30 requests: a run of more than a second.
+    srv = server_factory(profile="instant", ttft_ms=40.0, tokens_per_s=100.0)
+    path = tmp_path / "live.jsonl"
+    done: list[int] = []
+    argv = ["bench", "--quiet", "--base-url", srv.base_url, "--users", "2", "--requests", "30",
+            "--max-tokens", "4", "--json", str(path)]
+    runner = threading.Thread(target=lambda: done.append(main(argv)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # until some requests are on disk (the condition waited on, never a fixed sleep)
+            seen = _complete_lines(path)
+            if sum(line["type"] == "request" for line in seen) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    finally:
+        runner.join(30)
+    assert done == [0]
+    # Mid-run: the run line and finished requests, and no summary yet.
+    assert seen[0]["type"] == "bench" and seen[0]["target"]["model"] == "llmchat-local"
+    assert 3 <= len(seen) - 1 < 30 and all(line["type"] == "request" for line in seen[1:])
+    data = read_results(path)
+    assert len(data["requests"]) == data["configs"][0]["requests"] == 30
+    assert data["requests"][:len(seen) - 1] == seen[1:]  # what was read mid-run is what the file kept
+    assert all("attribution" in r and r["itl_ms"] for r in data["requests"])
+    capsys.readouterr()
+
+
+def test_json_path_that_cannot_be_written_fails_before_the_run(capsys, tmp_path, local_server) -> None:
+    code, out, err = bench(capsys, "--base-url", local_server.base_url, "--users", "1", "--requests", "2",
+                           "--json", str(tmp_path / "no-such-folder" / "b.jsonl"))
+    assert code == 2 and out == ""  # nothing was run, so nothing was lost
+    assert err.count("\n") == 1 and err.startswith("llmchat: --json: cannot write") and "folder" in err
 
 
 def test_plot_writes_an_svg_with_each_configuration(capsys, tmp_path, local_server) -> None:
@@ -392,11 +515,12 @@ def test_progress_line_shows_live_percentiles_and_errors() -> None:
 def test_settings_are_left_alone_by_a_comparison(local_server, tmp_path) -> None:
     # The configurations change their own copies: the caller's settings and pools stay as they were.
     settings = Settings()
+    samples: list[Sample] = []
     load = LoadRun(Scenario(requests=2, users=1, max_tokens=2), ["nopool", "h1+noretry"],
-                   Target(settings=settings, base_url=local_server.base_url))
+                   Target(settings=settings, base_url=local_server.base_url), on_sample=samples.append)
     asyncio.run(load.run())
     assert settings == Settings()
-    assert {s.config for s in load.samples} == {"nopool", "h1+noretry"}
+    assert {s.config for s in samples} == {"nopool", "h1+noretry"}
 
 
 # -- where the time went -------------------------------------------------------------------------------------
@@ -485,3 +609,77 @@ def test_bench_writes_the_request_log(server_factory, tmp_path, capsys) -> None:
     assert status == 0
     lines = [_json.loads(x) for x in log.read_text().splitlines()]
     assert len(lines) == 6 and all(line["status"] == 200 for line in lines)
+
+
+# -- memory: nothing of a finished request is kept ----------------------------------------------------------
+
+def _alive(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+async def test_a_load_run_keeps_only_its_tallies(local_server) -> None:
+    # 250 requests of 64 tokens: 15,750 chunk gaps, past the exact limit; everything else under it.
+    seen = 0
+
+    def count(sample: Sample) -> None:
+        nonlocal seen
+        seen += 1
+
+    before = _alive(TimingRecord), _alive(Sample)
+    target = Target(base_url=local_server.base_url, http2="h2c", model="llmchat-local")
+    load = LoadRun(Scenario(users=10, requests=250, max_tokens=64), ["base"], target, on_sample=count)
+    async with asyncio.timeout(60):
+        await load.run()
+    assert seen == load.done == 250
+    # No record, sample or attribution of a finished request survives it.
+    assert (_alive(TimingRecord), _alive(Sample)) == before
+    tally = load.tallies["base"]
+    itl = tally.latency["itl"]
+    assert itl.count == 250 * 63 > EXACT_LIMIT and not itl.exact
+    assert itl.nbytes() < 8 * EXACT_LIMIT  # a few decades of log buckets, whatever the count
+    # What is kept is the compact rows: 8 bytes per value (plus the arrays' growth room) below the limit.
+    kept = [d for d in [*tally.latency.values(), *tally.parts.values()] if d.exact]
+    values = sum(d.count for d in kept)
+    assert values > 10 * 250  # five latency figures and the parts of each request
+    assert sum(d.nbytes() for d in kept) <= 8 * values * 1.25 + 100 * len(kept)
+    stats = tally.stats(load.walls_ns["base"])
+    assert stats.approximate == ("itl",) and stats.approximate_parts == ()
+    assert "percentiles of ITL from a log-bucketed histogram, each within 0.1%" in figures_table([stats],
+                                                                                              mode="stream")
+    assert stats.requests == stats.ok == 250
+
+
+def test_a_distribution_is_exact_until_its_limit_then_within_its_error() -> None:
+    rng = random.Random(7)
+    draws = {
+        "lognormal": lambda: rng.lognormvariate(3.0, 1.0),
+        "straddling zero": lambda: rng.uniform(-5.0, 50.0),
+        "with zeros": lambda: rng.choice([0.0, rng.expovariate(0.2)]),
+        "negative": lambda: -rng.expovariate(1.0),
+    }
+    for name, draw in draws.items():
+        values = [draw() for _ in range(20_000)]
+        d = Distribution(limit=500)
+        d.extend(values[:500])
+        assert d.exact and all(d.percentile(q) == percentile(values[:500], q) for q in (0, 50, 99, 100))
+        d.extend(values[500:])
+        assert not d.exact and d.count == len(values)
+        assert d.mean == pytest.approx(sum(values) / len(values))
+        ordered = sorted(values)
+        for q in (0, 1, 10, 50, 90, 99, 99.9, 100):
+            pos = (len(values) - 1) * q / 100
+            lo, hi = ordered[int(pos)], ordered[min(int(pos) + 1, len(values) - 1)]
+            # Each of the two ranks it interpolates between is within the relative error of the exact one.
+            bound = RELATIVE_ERROR * max(abs(lo), abs(hi)) + 1e-12
+            assert abs(d.percentile(q) - percentile(values, q)) <= bound, (name, q)
+
+
+def test_a_distributions_memory_stops_growing_past_its_limit() -> None:
+    rng = random.Random(3)
+    d = Distribution(limit=1_000)
+    d.extend([rng.uniform(1.0, 1_000.0) for _ in range(50_000)])
+    size = d.nbytes()
+    d.extend([rng.uniform(1.0, 1_000.0) for _ in range(100_000)])
+    # Flat: the buckets of three decades (about 3,500 counts at 0.1 %), a fraction of the values seen.
+    assert d.nbytes() == size < 8 * 50_000 / 10

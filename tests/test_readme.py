@@ -344,7 +344,9 @@ def test_bench_row_json_and_plot(served: tuple[Background, str], tmp_path: Path)
     done = run([LLMCHAT, "bench", "--base-url", url, "--requests", "4", "--users", "2", "--max-tokens", "8",
                 "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "p.svg"), "--quiet"])
     assert done.returncode == 0, done.stderr
-    assert "TTFT" in done.stdout and json.loads((tmp_path / "b.json").read_text())
+    lines = [json.loads(line) for line in (tmp_path / "b.json").read_text().splitlines()]  # JSON Lines
+    assert "TTFT" in done.stdout
+    assert [line["type"] for line in lines] == ["bench", *["request"] * 4, "summary"]
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<")
 
 

@@ -280,7 +280,9 @@ def test_bench_scrapes_the_metrics_url_into_its_table_its_json_and_each_request(
     out = capsys.readouterr().out
     assert status == 0
     assert "server metrics, every 0.05 s" in out and "requests waiting" in out and f"{root}/metrics" in out
-    data = json.loads(out_json.read_text())
+    # --json is JSON Lines: the run, a line per request, the summary last.
+    *lines, data = [json.loads(line) for line in out_json.read_text().splitlines()]
+    data["requests"] = [line for line in lines if line["type"] == "request"]
     assert data["server_metrics"] == {"url": f"{root}/metrics", "interval_s": 0.05}
     figures = data["configs"][0]["server_metrics"]
     assert figures["snapshots"] >= 1 and figures["requests_waiting"]["max"] >= 1
@@ -321,7 +323,8 @@ def test_bench_shows_the_model_load_as_a_part_of_its_own(
     assert any(line.split()[:1] == ["server_model_load"] for line in out.splitlines())
     footnote = next(line for line in out.splitlines() if line.startswith("parts: "))
     assert "server_model_load" in footnote.split("(reported by the server)")[0]
-    first, *rest = json.loads(out_json.read_text())["requests"]
+    lines = [json.loads(line) for line in out_json.read_text().splitlines()]  # JSON Lines (README)
+    first, *rest = [line for line in lines if line["type"] == "request"]
     parts = {p["key"]: p for p in first["attribution"]["parts"]}
     assert first["attribution"]["flags"] == ["cold_start"] and 300 <= parts["server_model_load"]["ms"]
     assert all(r["attribution"]["flags"] == [] for r in rest)

@@ -12,7 +12,15 @@ from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape
 
 from llmchat.core._attribution import PARTS
-from llmchat.core._load_stats import METRIC_NAMES, QUANTILES, ConfigStats, compare_rows
+from llmchat.core._load_stats import (
+    EXACT_LIMIT,
+    METRIC_NAMES,
+    METRICS,
+    QUANTILES,
+    RELATIVE_ERROR,
+    ConfigStats,
+    compare_rows,
+)
 from llmchat.core._metrics_poller import summarize_snapshots
 
 BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
@@ -46,7 +54,8 @@ def grid(rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
 
 
 def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
-    """Every figure, one column per configuration: latency percentiles, errors by class, throughput."""
+    """Every figure, one column per configuration: latency percentiles, errors by class (the server's and the
+    network's apart from the client's own), throughput."""
     rows: list[list[str]] = [["", "", *(s.name for s in stats)]]
     for metric in ("pool_wait", "ttfb", "ttft", "itl", "tpot", "e2e"):
         if metric in ("ttft", "itl", "tpot") and mode != "stream":
@@ -55,9 +64,15 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
             label = f"{METRIC_NAMES[metric]} ms" if i == 0 else ""
             rows.append([label, f"p{q}", *(fmt_ms(s.latency[metric][f"p{q}"]) for s in stats)])
     rows.append(["requests", "", *(str(s.requests) for s in stats)])
-    rows.append(["errors", "", *(f"{s.failed} ({_pct(s.error_rate * 100)})" for s in stats)])
-    kinds = sorted({k for s in stats for k in s.errors})
-    for kind in kinds:
+    # The server's and the network's failures, then the client's own (a pool timeout never left the client).
+    rows.append(["server/net errors", "", *(f"{s.server_failed} ({_pct(s.server_error_rate * 100)})"
+                                            for s in stats)])
+    for kind in sorted({k for s in stats for k in s.server_errors}):
+        rows.append(["", kind, *(_kind_cell(s, kind) for s in stats)])
+    rows.append(["client errors", "", *(f"{s.client_failed} ({_pct(s.client_error_rate * 100)})"
+                                        for s in stats)])
+    client_kinds = sorted({k for s in stats for k in s.client_errors})
+    for kind in client_kinds:
         rows.append(["", kind, *(_kind_cell(s, kind) for s in stats)])
     rows.append(["requests/s", "", *(f"{s.rps:.2f}" for s in stats)])
     rows.append(["output tokens/s", "", *(f"{s.output_tokens_per_s:.1f}" for s in stats)])
@@ -74,7 +89,20 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     text = grid(rows, left=2)
     if stats and stats[0].slo.given:
         text += f"\ngoodput: successful requests/s with {stats[0].slo.describe()}"
+    if client_kinds:
+        text += ("\nclient errors are the bench's own and never reached the server (timeout_pool: no free "
+                 "connection in its pool within http.pool_timeout_s; they are not retried): they lower "
+                 "requests/s and goodput, not the server's error rate. Leave --max-connections out to size "
+                 "the pool for the load")
+    approximate = [METRIC_NAMES[m] for m in METRICS if any(m in s.approximate for s in stats)]
+    if approximate:
+        text += "\n" + _approximate_note(approximate)
     return text
+
+
+def _approximate_note(names: Sequence[str]) -> str:
+    return (f"percentiles of {', '.join(names)} from a log-bucketed histogram, each within "
+            f"{RELATIVE_ERROR * 100:g}% of the exact value (more than {EXACT_LIMIT:,} values)")
 
 
 def attribution_table(stats: Sequence[ConfigStats]) -> str:
@@ -103,7 +131,11 @@ def attribution_table(stats: Sequence[ConfigStats]) -> str:
         split = " · ".join(f"{g} {v * 100:.0f}%" for g, v in sorted(s.attribution_shares.items(),
                                                                       key=lambda kv: -abs(kv[1])))
         lines.append(f"{s.name:<{width}}  {split or '-'}")
-    return "\n".join(lines) + "\nparts: " + _part_sources(present)
+    text = "\n".join(lines) + "\nparts: " + _part_sources(present)
+    approximate = [k for k in present if any(k in s.approximate_parts for s in stats)]
+    if approximate:
+        text += "\n" + _approximate_note(approximate)
+    return text
 
 
 def _part_sources(keys: Sequence[str]) -> str:
@@ -150,9 +182,11 @@ def _kind_cell(s: ConfigStats, kind: str) -> str:
 
 
 def compare_table(stats: Sequence[ConfigStats]) -> str:
-    """The before/after table: p99 end-to-end, error rate and requests/s, each with its change against the
-    first configuration, and the HTTP version each actually used."""
-    rows = [["config", "HTTP", "reused", "p99 e2e ms", "change", "errors", "change", "req/s", "change"]]
+    """The before/after table: p99 end-to-end, the server's and the network's error rate and requests/s, each
+    with its change against the first configuration, the client's own error rate, and the HTTP version each
+    actually used."""
+    rows = [["config", "HTTP", "reused", "p99 e2e ms", "change", "errors", "change", "client err", "req/s",
+             "change"]]
     for i, row in enumerate(compare_rows(stats)):
         first = i == 0
         reused = row["reused_ratio"]
@@ -162,8 +196,9 @@ def compare_table(stats: Sequence[ConfigStats]) -> str:
             _pct(None if reused is None else reused * 100),
             fmt_ms(row["p99_e2e_ms"]),
             "(base)" if first else _pct(row["p99_e2e_change_pct"], signed=True),
-            _pct(row["error_rate"] * 100),
-            "(base)" if first else f"{row['error_rate_change_pp']:+.1f} pp",
+            _pct(row["server_error_rate"] * 100),
+            "(base)" if first else f"{row['server_error_rate_change_pp']:+.1f} pp",
+            _pct(row["client_error_rate"] * 100),
             f"{row['requests_per_s']:.2f}",
             "(base)" if first else _pct(row["requests_per_s_change_pct"], signed=True),
         ])

@@ -3,9 +3,10 @@
 Closed loop (``--users N``) or open loop (``--rate R``, Poisson arrivals), for ``--requests`` or
 ``--duration`` per configuration. ``--compare h2,h1,nopool`` runs the same scenario under each configuration
 in interleaved slices and prints a before/after table against the first. Figures go to stdout, the live
-progress line to stderr (on a terminal only). Exit status 0 when the run finished (failed requests are
-figures, not failures), 1 when every request failed, 2 for a bad flag, 130 on Ctrl-C (after printing what was
-measured).
+progress line to stderr (on a terminal only). ``--json PATH`` is written as the run goes (JSON Lines: the
+run, then one line per request as it finishes, then the summary; see ``ResultFile``), so nothing of a request
+stays in memory for it. Exit status 0 when the run finished (failed requests are figures, not failures), 1
+when every request failed, 2 for a bad flag, 130 on Ctrl-C (after printing what was measured).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmchat.core import BaselineStore, Bus, ColdStartDetector, __version__, load_settings, mask_url
-from llmchat.core._attribution import Attribution, attribute
 from llmchat.core._errors import UsageError
 from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
-from llmchat.core._load_stats import SLO, ConfigStats, compare_rows, summarize
+from llmchat.core._load_stats import CLIENT_ERRORS, SLO, ConfigStats, compare_rows
 from llmchat.core._metrics_poller import summarize_snapshots
 from llmchat.core._prometheus import start_exporter
-from llmchat.core._requestlog import attach_observers
+from llmchat.core._requestlog import RequestLog, attach_observers
+from llmchat.core._settings import LogSettings
 from llmchat.core._timing import percentile
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _options
@@ -75,11 +76,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       help="interleaved slices per configuration (default 5 with --compare)")
     a("--slo-ttft-ms", type=float, metavar="MS", help="goodput counts requests with TTFT at most this")
     a("--slo-e2e-ms", type=float, metavar="MS", help="goodput counts requests with end-to-end at most this")
-    a("--json", metavar="PATH", help="write every figure and every request's timing record to PATH")
+    a("--json", metavar="PATH", help="write every request's timing record to PATH as it finishes, and every "
+      "figure at the end (JSON Lines: the run, the requests, the summary last)")
     a("--plot", nargs="?", const="-", metavar="SVG",
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
     a("--max-connections", type=int, metavar="N",
-      help="pool size of every configuration (default: http.max_connections); nopool has no limit")
+      help="pool size of every configuration (default: one connection per user, or the open loop's in-flight "
+      "cap); nopool has no limit")
     a("--quiet", action="store_true", help="no progress line")
     _options.add(p, "endpoint", "metrics", help={"--metrics-port": "serve the run's Prometheus metrics at "
                  "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)"})
@@ -132,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     # One bus for every configuration when something watches: the exporter, the request log, or both.
     bus = Bus() if args.metrics_port is not None or settings.log.requests_path else None
     with contextlib.ExitStack() as stack:
+        # Opened (emptied) before anything else: a path that cannot be written is one line, not a lost run.
+        results = stack.enter_context(contextlib.closing(ResultFile(args.json))) if args.json else None
         if bus is not None:
             stack.enter_context(contextlib.closing(attach_observers(bus, settings, baselines=baselines)))
         if bus is not None and args.metrics_port is not None:
@@ -143,22 +148,25 @@ def run(args: argparse.Namespace) -> int:
         target = Target(settings=settings, provider=args.provider, base_url=url, http2=http2,
                         model=args.model or model, max_connections=args.max_connections, bus=bus,
                         api_key_env=args.api_key_env)
-        load = LoadRun(scenario, configs, target, on_sample=progress.sample, on_slice=progress.slice)
+        warning = pool_warning(scenario, configs, args.max_connections)
+        if warning:
+            print(warning, file=sys.stderr)
+
+        def on_sample(sample: Sample) -> None:
+            progress.sample(sample)
+            if results is not None:
+                results.request(sample)
+
+        load = LoadRun(scenario, configs, target, slo=slo, detector=detector, on_sample=on_sample,
+                       on_slice=progress.slice, on_start=None if results is None else results.start)
         try:
             asyncio.run(_drive(load, progress))
         except KeyboardInterrupt:
             interrupted = True
-    # Once per request, in the order they finished: the per-part percentiles and the per-request JSON are the
-    # same attributions.
-    attributions = [attribute(s.record, detector=detector) for s in load.samples]
-    store.save(detector.baselines())
-    paired = list(zip(load.samples, attributions, strict=True))
-    stats = [
-        summarize(name, load.records(name), load.walls_ns[name], slo=slo,
-                  long_prompts=sum(1 for s in load.samples if s.config == name and s.long),
-                  attributions=[a for s, a in paired if s.config == name])
-        for name in configs
-    ]
+        store.save(detector.baselines())
+        stats = [load.tallies[name].stats(load.walls_ns[name]) for name in configs]
+        if results is not None:
+            results.finish(load, stats, interrupted)
     print(header(load, scenario, interrupted))
     print()
     print(report.figures_table(stats, mode=scenario.mode))
@@ -179,23 +187,37 @@ def run(args: argparse.Namespace) -> int:
                                     colour=sys.stdout.isatty()))
     elif args.plot:
         _write(args.plot, report.svg_chart(stats, mode=scenario.mode, title=_title(load, scenario)), "--plot")
-    if args.json:
-        data = bench_json(load, scenario, stats, interrupted, attributions)
-        _write(args.json, json.dumps(data, ensure_ascii=False) + "\n", "--json")
     sys.stdout.flush()
+    if results is not None and results.dropped:
+        print(f"llmchat: --json: {results.dropped} lines could not be written to {args.json}; the file is "
+              "incomplete", file=sys.stderr)
     if load.cap_hits:
         print(f"llmchat: the open loop reached its cap of {scenario.max_in_flight} requests in flight "
               f"{load.cap_hits} times, so those arrivals went out late (lag_ms in --json); lower --rate",
               file=sys.stderr)
     if interrupted:
-        print(f"llmchat: interrupted after {len(load.samples)} requests; the figures above cover those",
+        print(f"llmchat: interrupted after {load.done} requests; the figures above cover those",
               file=sys.stderr)
         return 130
-    failed = [s for s in load.samples if s.record.error_kind is not None]
-    if load.samples and len(failed) == len(load.samples):
-        print(f"llmchat: every request failed; the first: {failed[0].record.error}", file=sys.stderr)
+    if load.done and load.failed == load.done:
+        print(f"llmchat: every request failed; the first: {load.first_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def pool_warning(scenario: Scenario, configs: list[str], max_connections: int | None) -> str | None:
+    """The line said before the run when ``--max-connections`` leaves a pool smaller than the load, so that
+    requests will queue in the client; None when it does not (or only nopool runs, which has no limit)."""
+    if max_connections is None or max_connections >= scenario.concurrency:
+        return None
+    if all("nopool" in name.split("+") for name in configs):
+        return None
+    load = (f"open loop's cap of {scenario.max_in_flight} requests in flight" if scenario.open_loop
+            else f"{scenario.users} users")
+    return (f"llmchat: --max-connections {max_connections} is fewer than the {load}: requests will queue "
+            "for a free connection (HTTP/1.1; HTTP/2 multiplexes on one), and that pool wait, and any "
+            "timeout_pool, is the client's own, not the server's; leave --max-connections out to size the "
+            "pool for the load")
 
 
 async def _drive(load: LoadRun, progress: Progress) -> None:
@@ -232,35 +254,88 @@ def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
     line2 = f"target: {mask_url(load.base_url)}  model: {load.model}"
     pools = sorted({n for name, n in load.pool_sizes.items() if "nopool" not in name.split("+")})
     if pools:
-        line2 += f"  pool: {'/'.join(map(str, pools))} connections (--max-connections)"
+        why = ("--max-connections" if load.target.max_connections is not None
+               else "the in-flight cap" if scenario.open_loop else "one per user")
+        line2 += f"  pool: {'/'.join(map(str, pools))} connections ({why})"
     if interrupted:
         line2 += "  (interrupted: partial figures)"
     return line1 + "\n" + line2
 
 
-def bench_json(
-    load: LoadRun, scenario: Scenario, stats: list[ConfigStats], interrupted: bool,
-    attributions: list[Attribution] | None = None,
-) -> dict[str, Any]:
-    """Everything measured: the scenario, each configuration's figures, the before/after rows, and every
-    request's timing record (summaries: no prompt or reply text, no key, no headers) with its attribution
-    (``attributions`` pairs with ``load.samples``; made here when not given)."""
-    if attributions is None:
-        attributions = [attribute(s.record) for s in load.samples]
-    return {
-        "tool": "llmchat bench",
-        "version": __version__,
-        "scenario": scenario.to_json(),
-        "target": {"base_url": mask_url(load.base_url), "model": load.model},
-        "configs": [{**s.to_json(), "server_metrics": _server_figures(load, s.name)} for s in stats],
-        "server_metrics": {"url": mask_url(load.metrics_url), "interval_s": load.metrics_interval_s}
-        if load.metrics_url else None,
-        "compare": compare_rows(stats),
-        "open_loop_cap_hits": load.cap_hits,
-        "interrupted": interrupted,
-        "requests": [{**s.to_json(), "attribution": a.to_dict()}
-                     for s, a in zip(load.samples, attributions, strict=True)],
-    }
+class ResultFile:
+    """``--json PATH``, written as the run goes, in JSON Lines: each line one object whose ``type`` says what
+    it is. First ``bench`` (the tool, the schema, the scenario, the target, each configuration's pool), then
+    one ``request`` per request as it finishes (its record's summary, chunk gaps and attribution: no prompt or
+    reply text, no key, no headers), and last ``summary`` (each configuration's figures, the before/after
+    rows, ``request_lines``: how many request lines came before it). A file without a summary line is a run
+    that did not end. Lines go out on RequestLog's writer thread, never blocking the event loop.
+
+    Opening empties the file, or raises UsageError naming the flag when it cannot be written.
+    """
+
+    SCHEMA = 2
+    """1: one JSON object, written at the end; 2: JSON Lines, written as the run goes."""
+    CLOSE_S = 60.0
+    """How long closing waits for the writer to catch up (it keeps up as the run goes: only a stuck disk
+    makes it wait)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = str(Path(path).expanduser())
+        try:
+            Path(self.path).write_bytes(b"")
+        except OSError as exc:
+            raise UsageError(f"--json: cannot write {path} ({exc.strerror or exc}); check the folder exists "
+                             "and is writable") from None
+        self._log = RequestLog(LogSettings(requests_path=self.path))
+        self.started = False
+        self.request_lines = 0
+
+    def _put(self, data: dict[str, Any]) -> None:
+        # ASCII: a string the server sent that is not valid Unicode can never break a line.
+        self._log.put(json.dumps(data) + "\n")
+
+    def start(self, load: LoadRun) -> None:
+        """The first line: what was run, against what (written once ``load`` knows its target and model)."""
+        if self.started:
+            return
+        self.started = True
+        self._put({
+            "type": "bench",
+            "schema": self.SCHEMA,
+            "tool": "llmchat bench",
+            "version": __version__,
+            "scenario": load.scenario.to_json(),
+            "target": {"base_url": mask_url(load.base_url), "model": load.model},
+            "pools": dict(load.pool_sizes),
+        })
+
+    def request(self, sample: Sample) -> None:
+        self._put(sample.to_json())
+        self.request_lines += 1
+
+    def finish(self, load: LoadRun, stats: list[ConfigStats], interrupted: bool) -> None:
+        """The last line: every figure (a run stopped before it started still gets its first line)."""
+        self.start(load)
+        self._put({
+            "type": "summary",
+            "request_lines": self.request_lines,
+            "configs": [{**s.to_json(), "server_metrics": _server_figures(load, s.name)} for s in stats],
+            "server_metrics": {"url": mask_url(load.metrics_url), "interval_s": load.metrics_interval_s}
+            if load.metrics_url else None,
+            "compare": compare_rows(stats),
+            "open_loop_cap_hits": load.cap_hits,
+            "interrupted": interrupted,
+        })
+
+    @property
+    def dropped(self) -> int:
+        """Lines the writer could not write (the disk refused them)."""
+        return self._log.dropped
+
+    def close(self) -> None:
+        """Write what is queued and close the file (blocks until then: call it after the loop ended)."""
+        self._log.flush(self.CLOSE_S)
+        self._log.close()
 
 
 def _server_figures(load: LoadRun, config: str) -> dict[str, Any] | None:
@@ -293,6 +368,7 @@ class Progress:
         self.slices = scenario.slices
         self.done = 0
         self.errors = 0
+        self.client_errors = 0
         self.config = ""
         self.slice_no = 0
         self.recent: dict[str, deque[float]] = {c: deque(maxlen=self.WINDOW) for c in configs}
@@ -304,7 +380,9 @@ class Progress:
     def sample(self, sample: Sample) -> None:
         self.done += 1
         record = sample.record
-        if record.error_kind is not None:
+        if record.error_kind in CLIENT_ERRORS:
+            self.client_errors += 1
+        elif record.error_kind is not None:
             self.errors += 1
         elif record.total_ms is not None:
             self.recent[sample.config].append(record.total_ms)
@@ -320,8 +398,10 @@ class Progress:
             head = f"{self.done} requests, {elapsed:.0f}/{self.seconds or 0:.0f} s"
         values = list(self.recent.get(self.config, ()))
         where = f"{self.config} slice {self.slice_no + 1}/{self.slices}" if self.config else "starting"
+        client = f" + {self.client_errors} client" if self.client_errors else ""
         return (f"{head}  {where}  p50 {report.fmt_ms(percentile(values, 50))} ms  "
-                f"p99 {report.fmt_ms(percentile(values, 99))} ms  errors {self.errors}  {elapsed:.1f} s")
+                f"p99 {report.fmt_ms(percentile(values, 99))} ms  errors {self.errors}{client}  "
+                f"{elapsed:.1f} s")
 
     async def tick(self) -> None:
         while True:
