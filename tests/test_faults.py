@@ -469,3 +469,41 @@ def test_app_on_an_unusable_history_chats_and_says_so(
         notice = chat()
         assert "with `mv" in notice and "history.sqlite3'" in notice  # the command that sets the file aside
     assert file_state(db) == before  # nothing was written to the file it could not use
+
+
+# -- a gateway that retires connections (nginx's GOAWAY after 1,000 requests), under load -------------------------------
+@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "tls-h2"])
+def test_bench_through_connections_the_server_retires_loses_nothing(
+    server_factory: Factory, tls: bool, tmp_path: Path
+) -> None:
+    # 600 streams from 20 users through a server that sends GOAWAY every 100 requests, as nginx does every
+    # 1,000: several connections retired mid-run, and not one request may fail.
+    server = server_factory(profile="instant", max_requests_per_connection=100, tls=tls)
+    env = {"LLMCHAT_HTTP__HTTP2": "true" if tls else "h2c", "LLMCHAT_HTTP__MAX_REQUESTS_PER_CONNECTION": "0"}
+    if tls:
+        env["SSL_CERT_FILE"] = str(server.cert_path)
+    out = tmp_path / "run.jsonl"
+    run = llmchat("bench", "--base-url", server.base_url, "--model", MODEL, "--users", "20", "--requests", "600",
+                  "--max-tokens", "8", "--quiet", "--json", str(out), env=env)
+    assert run.code == 0 and "Traceback" not in run.err, run.err
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    requests = [line for line in lines if line["type"] == "request"]
+    assert len(requests) == 600 and all(r["error"] is None for r in requests)
+    assert {r["http_version"] for r in requests} == {"HTTP/2"}
+    assert sum(r["retries"] for r in requests) >= 1  # the server did retire connections under the run
+
+
+@pytest.mark.parametrize(("argv", "cause"), [
+    (["export", "last", "-o", "/nonexistent-llmchat/x.md"], r"cannot write /nonexistent-llmchat/x\.md"),
+    (["export", "99999"], r"no conversation 99999 in the history"),
+    (["--config", "/tmp", "ask", "hi"], r"config file /tmp is a directory; name the TOML file inside it"),
+], ids=["export to a missing folder", "export an unknown id", "config is a folder"])
+def test_a_bad_file_argument_is_one_line(argv: list[str], cause: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from history_files import make_history
+
+    from llmchat.core._history_file import default_history_path
+
+    asyncio.run(make_history(default_history_path(os.environ), conversations=1))
+    clean_failure(llmchat(*argv), 2, cause)
