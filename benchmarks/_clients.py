@@ -7,7 +7,7 @@ one ``Sample``. Every client gets a pool of ``POOL`` connections (HTTP/1.1) or o
 
 * ``llmchat``: ``ChatClient(...).stream(...)``, iterated to the end: the real engine, with its timing record,
   bus events (nobody subscribed), retry wrapper (default settings), SSE decoder and chunk parser; no cache.
-  Over HTTP/1.1 its transport queues requests itself, one httpx client per connection (core/_transport.py).
+  Over HTTP/1.1 its transport queues requests itself, one httpx client per connection (core/http/_transport.py).
 * ``openai``: ``AsyncOpenAI.chat.completions.create(stream=True)`` iterated to the end, default retries. The
   installed openai-python sits on httpx2 (pydantic's fork of httpx), not httpx; it is given its own
   ``DefaultAsyncHttpxClient`` (an ``httpx2.AsyncClient`` with openai's defaults) with the pool limit set, and

@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
+import llmchat.core.http._openai as wire
 from llmchat.core import ChatClient, ColdStartDetector, TimingRecord, attribute
-from llmchat.core import _wire as wire
 from llmchat.core.server import resolve_settings, start_in_thread
 
 REPETITIONS = 5

@@ -22,8 +22,7 @@ import statistics
 import time
 
 from llmchat.core import ChatClient
-from llmchat.core._load import LoadRun, Scenario, Target
-from llmchat.core._load_prompts import PromptPlan
+from llmchat.core.load import LoadRun, PromptPlan, Scenario, Target
 from llmchat.core.server import start_subprocess
 
 MODEL = "llmchat-local"

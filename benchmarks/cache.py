@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 
-from llmchat.core._cache import ReplyCache
-from llmchat.core._errors import LLMChatError
-from llmchat.core._settings import CacheSettings
+from llmchat.core.config import CacheSettings
+from llmchat.core.errors import LLMChatError
+from llmchat.core.policy import ReplyCache
 from llmchat.core.server import resolve_settings, start_in_thread, start_subprocess
 
 BASE_MODEL = "llmchat-local"
@@ -50,7 +50,8 @@ async def timed(n: int, call: Callable[[], Awaitable[object]], warmup: int) -> l
 
 
 def line(name: str, samples: list[int]) -> str:
-    return f"{name:<44} p50 {percentile(samples, 0.50):8.3f} ms   p99 {percentile(samples, 0.99):8.3f} ms   n={len(samples)}"
+    p50, p99 = percentile(samples, 0.50), percentile(samples, 0.99)
+    return f"{name:<44} p50 {p50:8.3f} ms   p99 {p99:8.3f} ms   n={len(samples)}"
 
 
 async def bench_cache(folder: str, hits: int) -> tuple[list[int], list[int], list[int]]:

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _clients import CLIENTS, JSON_DECODER, MAX_TOKENS, POOL, Sample, make_client  # noqa: E402
 
-from llmchat.core._timing import percentile  # noqa: E402
+from llmchat.core.observe import percentile  # noqa: E402
 
 LEVELS = (1, 10, 100)
 PROTO_NAMES = {"h2": "HTTP/2 (h2c, prior knowledge)", "h1": "HTTP/1.1"}

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from llmchat.core._config import load_settings, resolve_provider
+from llmchat.core.config import load_settings, resolve_provider
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 2000

@@ -27,7 +27,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from llmchat.core._history import HistoryStore, ReplyWriter
+from llmchat.core.history import HistoryStore, ReplyWriter
 
 RATE_TOK_S = 70.0
 

@@ -35,9 +35,16 @@ from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Static
 
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted
-from llmchat.core._metrics import Metrics
-from llmchat.core._timing import Phases, TimingRecord
+from llmchat.core.observe import (
+    Bus,
+    Chunk,
+    FirstToken,
+    Metrics,
+    Phases,
+    RequestDone,
+    RequestStarted,
+    TimingRecord,
+)
 from llmchat.tui.widgets.hud import Hud
 
 CHUNKS = 64

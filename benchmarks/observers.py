@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmchat.core import Bus, ChatClient, LogSettings, RequestDone, RequestStarted, TimingRecord
-from llmchat.core._prometheus import start_exporter
-from llmchat.core._requestlog import RequestLog
+from llmchat.core.observe import RequestLog, start_exporter
 from llmchat.core.server import resolve_settings, start_in_thread
 
 MODEL = "llmchat-local"

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from llmchat.core import ChatClient, HttpSettings, Settings, TimingRecord, percentile
-from llmchat.core._transport import Transport
+from llmchat.core.http import Transport
 from llmchat.core.server import SubprocessServer, start_subprocess
 
 MODEL = "llmchat-local"

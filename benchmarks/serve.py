@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+
 from llmchat.core.server import SubprocessServer, start_subprocess
 
 CONCURRENCY = (1, 10, 100)

@@ -30,8 +30,9 @@ from collections.abc import Callable
 from httpx._decoders import TextChunker, TextDecoder
 from httpx_sse._decoders import SSEDecoder as HttpxSSEDecoder
 from httpx_sse._decoders import SSELineDecoder as HttpxSSELineDecoder
-from llmchat.core.sse import SSEDecoder
 from openai._streaming import SSEDecoder as OpenAISSEDecoder
+
+from llmchat.core.http import SSEDecoder
 
 EVENTS = 20_000
 CHUNK = 4096

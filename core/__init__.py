@@ -5,38 +5,35 @@ Nothing here imports Textual; the faces in ``llmchat.tui`` talk to the engine th
 
 from __future__ import annotations
 
-from llmchat.core._attribution import (
-    Attribution,
-    Part,
-    attribute,
-    format_shares,
-    part_samples,
-    shares_over,
+from llmchat.core.client import (
+    ChatClient,
+    ChatReply,
+    ChatStream,
+    ServerMetricsPoller,
+    ServerSignals,
+    Warmer,
+    parse_server_metrics,
+    scrape_server_metrics,
 )
-from llmchat.core._batcher import MicroBatcher
-from llmchat.core._bus import (
-    Bus,
-    Chunk,
-    FirstToken,
-    RequestDone,
-    RequestStarted,
-    RetryPlanned,
-    ServerMetricsSampled,
-    WarmupState,
-)
-from llmchat.core._cache import ReplyCache
-from llmchat.core._client import ChatClient, ChatReply, ChatStream
-from llmchat.core._coldstart import Baseline, ColdStartDetector
-from llmchat.core._coldstart_store import BaselineStore
-from llmchat.core._config import (
+from llmchat.core.config import (
+    BatchSettings,
+    CacheSettings,
+    Http2Mode,
+    HttpSettings,
+    LogSettings,
+    ProviderSettings,
     ResolvedProvider,
+    RetrySettings,
+    ServerSettings,
+    Settings,
+    UISettings,
     default_config_path,
     load_settings,
     mask_secret,
     mask_url,
     resolve_provider,
 )
-from llmchat.core._errors import (
+from llmchat.core.errors import (
     APIError,
     AuthError,
     CancelledByUser,
@@ -54,25 +51,30 @@ from llmchat.core._errors import (
     TLSError,
     UsageError,
 )
-from llmchat.core._metrics_poller import ServerMetricsPoller
-from llmchat.core._retry import RetryEvent
-from llmchat.core._server_metrics import parse_server_metrics, scrape_server_metrics
-from llmchat.core._settings import (
-    BatchSettings,
-    CacheSettings,
-    Http2Mode,
-    HttpSettings,
-    LogSettings,
-    ProviderSettings,
-    RetrySettings,
-    ServerSettings,
-    Settings,
-    UISettings,
+from llmchat.core.http import ServerSentEvent, SSEDecoder
+from llmchat.core.observe import (
+    Attribution,
+    Baseline,
+    BaselineStore,
+    Bus,
+    Chunk,
+    ColdStartDetector,
+    FirstToken,
+    Part,
+    Phases,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    ServerMetricsSampled,
+    TimingRecord,
+    WarmupState,
+    attribute,
+    format_shares,
+    part_samples,
+    percentile,
+    shares_over,
 )
-from llmchat.core._signals import ServerSignals
-from llmchat.core._timing import Phases, TimingRecord, percentile
-from llmchat.core._warmup import Warmer
-from llmchat.core.sse import ServerSentEvent, SSEDecoder
+from llmchat.core.policy import MicroBatcher, ReplyCache, RetryEvent
 
 __version__ = "0.1.0"
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import peers as P
 import pytest
+
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from llmchat.core._history import MIGRATIONS, HistoryStore
+from llmchat.core.history._store import MIGRATIONS, HistoryStore
 
 
 async def _fill(db: Path, conversations: int) -> None:

@@ -109,7 +109,7 @@ class Peer:
             tasks.add(task)
             try:
                 await self._connection(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
                 pass  # the client went away or sent nothing: nothing to answer
             finally:
                 tasks.discard(task)

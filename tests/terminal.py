@@ -31,8 +31,8 @@ import pyte
 from emulator import AppScreen, Frames
 from processes import reap
 
-from llmchat.core._config import default_config_path
-from llmchat.core._history import default_history_path
+from llmchat.core.config._load import default_config_path
+from llmchat.core.history._store import default_history_path
 
 #: What xterm sends for the keys the journeys press (legacy encodings: Textual asks for the kitty keyboard
 #: protocol, and a terminal that does not answer keeps sending these).

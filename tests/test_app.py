@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from llmchat.core import (
     CacheSettings,
     ChatClient,
@@ -22,10 +20,10 @@ from llmchat.core import (
     RetrySettings,
     Settings,
 )
-from llmchat.core._history import HistoryStore
+from llmchat.core.history._store import HistoryStore
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, Offline, make_app
-from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput
+from llmchat.tui.widgets.chat import ChatMessage, PromptInput
 from llmchat.tui.widgets.hud import Hud
 
 MODEL = "llmchat-local"
@@ -201,7 +199,7 @@ async def test_request_log_and_metrics_port(local_server: RunningServer, tmp_pat
     import json
     import urllib.request
 
-    from llmchat.core._settings import LogSettings
+    from llmchat.core.config._settings import LogSettings
 
     log = tmp_path / "requests.jsonl"
     settings = _settings(tmp_path, log=LogSettings(requests_path=str(log)))

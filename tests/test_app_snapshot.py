@@ -5,7 +5,6 @@ with ``pytest tests/test_app_snapshot.py --snapshot-update`` and look at the SVG
 from __future__ import annotations
 
 import time
-
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from textual.pilot import Pilot
 from textual.widgets import TextArea
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings
-from llmchat.core._history import HistoryStore
+from llmchat.core.history._store import HistoryStore
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.widgets.chat import Conversation

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import llmchat.core.http._openai as wire
 from llmchat.core import (
     Attribution,
     ColdStartDetector,
@@ -27,9 +28,8 @@ from llmchat.core import (
     part_samples,
     shares_over,
 )
-from llmchat.core import _wire as wire
-from llmchat.core._attribution import PARTS, SATURATION_MIN_MS
-from llmchat.core._coldstart import Baseline
+from llmchat.core.observe._attribution import PARTS, SATURATION_MIN_MS
+from llmchat.core.observe._coldstart import Baseline
 
 MS = 1_000_000
 T0 = 1_000_000_000

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 
 from llmchat.core import Settings, percentile
-from llmchat.core._attribution import PARTS
-from llmchat.core._load import LoadRun, Sample, Scenario, Target, interleave, parse_configs
-from llmchat.core._load_prompts import PromptPlan
-from llmchat.core._load_stats import EXACT_LIMIT, RELATIVE_ERROR, Distribution
-from llmchat.core._timing import TimingRecord
+from llmchat.core.load._prompts import PromptPlan
+from llmchat.core.load._run import LoadRun, Sample, Scenario, Target, interleave, parse_configs
+from llmchat.core.load._stats import EXACT_LIMIT, RELATIVE_ERROR, Distribution
+from llmchat.core.observe._attribution import PARTS
+from llmchat.core.observe._timing import TimingRecord
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 from llmchat.tui.commands import bench as bench_cmd

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmchat.core._cache import CacheUnavailableError, ReplyCache, replay_chunks, resolve_cache_dir
-from llmchat.core._settings import CacheSettings
+from llmchat.core.config._settings import CacheSettings
+from llmchat.core.policy._cache import CacheUnavailableError, ReplyCache, replay_chunks, resolve_cache_dir
 
 BASE = "http://127.0.0.1:8000/v1"
 MESSAGES: list[dict[str, object]] = [{"role": "user", "content": "Say hi"}]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import peers as P
 import pytest
+
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main, parse_args
 

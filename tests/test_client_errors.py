@@ -25,6 +25,7 @@ from typing import Any
 
 import peers as P
 import pytest
+
 from llmchat.core import (
     APIError,
     AuthError,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llmchat.core._coldstart import Baseline, ColdStartDetector
-from llmchat.core._coldstart_store import MAX_SAMPLES, MAX_TRACKS, BaselineStore, default_state_dir
+from llmchat.core.observe._baselines import MAX_SAMPLES, MAX_TRACKS, BaselineStore, default_state_dir
+from llmchat.core.observe._coldstart import Baseline, ColdStartDetector
 
 
 def test_the_file_lives_in_the_xdg_state_folder(tmp_path: Path) -> None:

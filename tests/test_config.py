@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from llmchat.core._config import (
+
+import llmchat.core.config._settings as _settings_module
+from llmchat.core.config._load import (
     ResolvedProvider,
     default_config_path,
     load_settings,
@@ -21,10 +23,9 @@ from llmchat.core._config import (
     resolve_provider,
     settings_to_toml,
 )
-from llmchat.core._config_validate import RULES, SUBTABLES
-from llmchat.core._errors import ConfigError
-from llmchat.core import _settings as _settings_module
-from llmchat.core._settings import HttpSettings, ProviderSettings, Settings, UISettings
+from llmchat.core.config._settings import HttpSettings, ProviderSettings, Settings, UISettings
+from llmchat.core.config._validate import RULES, SUBTABLES
+from llmchat.core.errors import ConfigError
 from llmchat.tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ from textual.widgets import Input, TextArea
 from textual.worker import WorkerState
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, ProviderSettings, Settings
-from llmchat.core._history import MIGRATIONS, Generation, HistoryStore, export_markdown, nest_headings
-from llmchat.core._history_export import ExportError, export_folder, save_export
-from llmchat.core._settings import UISettings
+from llmchat.core.config._settings import UISettings
+from llmchat.core.history._export import ExportError, export_folder, save_export
+from llmchat.core.history._store import MIGRATIONS, Generation, HistoryStore, export_markdown, nest_headings
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, Offline, make_app
 from llmchat.tui.palette import CURRENT

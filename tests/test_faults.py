@@ -24,6 +24,7 @@ from typing import Any
 
 import peers as P
 import pytest
+
 from llmchat.core.server import RunningServer
 
 LLMCHAT = str(Path(sys.executable).parent / "llmchat")
@@ -82,7 +83,7 @@ def _table_line(line: str) -> bool:
     return bool(re.match(r"^[a-z][a-z ()0-9]*\s{2,}\S", line))
 
 
-# -- ask: the network, the server, the stream -------------------------------------------------------------------
+# -- ask: the network, the server, the stream ----------------------------------------------------------------
 @dataclass
 class Case:
     """One ``llmchat ask`` against ``target`` (a server's overrides, a peer's script, or a URL template)."""
@@ -175,7 +176,7 @@ def test_ask(case: Case, server_factory: Factory, peer: Callable[..., P.Peer]) -
         assert re.search(case.kept, run.text, re.S), repr(run.text)
 
 
-# -- ask: input the user gives --------------------------------------------------------------------------------------
+# -- ask: input the user gives -------------------------------------------------------------------------------
 def test_stdin_that_is_not_utf8(local_server: RunningServer) -> None:
     noise = bytes(range(128, 256)) * 40  # not one valid UTF-8 sequence
     run = llmchat("ask", "-", "--base-url", local_server.base_url, "--model", MODEL, "--max-tokens", "4",
@@ -264,7 +265,7 @@ def _wait_until(condition: Callable[[], bool], process: subprocess.Popen[bytes])
     raise AssertionError(f"condition not met in time (the child exited {process.poll()})")
 
 
-# -- batch ----------------------------------------------------------------------------------------------------------
+# -- batch ---------------------------------------------------------------------------------------------------
 def _jobs(path: Path, n: int, **extra: Any) -> Path:
     path.write_text("".join(json.dumps({"id": f"j{i}", "prompt": f"job {i}", "max_tokens": 4, **extra}) + "\n"
                             for i in range(n)), encoding="utf-8")
@@ -353,7 +354,7 @@ def test_batch_sigint_then_kill_then_resume_loses_nothing(tmp_path: Path, counte
                                     "--model", MODEL, "--quiet", "--concurrency", "1"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **FAST})
         done_before = len(_results(out)) if out.exists() else 0
-        _wait_until(lambda: out.exists() and len(_results(out)) > done_before, process)
+        _wait_until(lambda n=done_before: out.exists() and len(_results(out)) > n, process)
         process.send_signal(stop)
         process.wait(BOUND_S)
         err = process.stderr.read().decode() if process.stderr else ""
@@ -375,7 +376,7 @@ def counted_peer(peer: Callable[..., P.Peer]) -> P.Peer:
     return peer([P.Pause(0.2), P.json_response(200, P.completion("done"))], then="keep")
 
 
-# -- the cache on a full disk -------------------------------------------------------------------------------------------
+# -- the cache on a full disk --------------------------------------------------------------------------------
 def test_cache_clear_works_on_a_full_disk(tmp_path: Path) -> None:
     # A real full disk: a 600 KiB tmpfs in a mount namespace of the child's own (gone when it exits).
     if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
@@ -387,7 +388,7 @@ export LLMCHAT_CACHE__PATH="{tmp_path}/cache"
 "{sys.executable}" - <<'PY'
 import asyncio, os
 from llmchat.core import CacheSettings
-from llmchat.core._cache import ReplyCache
+from llmchat.core.policy._cache import ReplyCache
 async def fill():
     cache = ReplyCache(CacheSettings(path=os.environ["LLMCHAT_CACHE__PATH"], policy="always"))
     for i in range(400):
@@ -409,7 +410,7 @@ df --output=avail "{tmp_path}" | tail -1
     assert "Traceback" not in done.stderr
 
 
-# -- the chat app, in a real terminal ------------------------------------------------------------------------------------
+# -- the chat app, in a real terminal ------------------------------------------------------------------------
 def _app_config(server: RunningServer) -> str:
     return f'[providers.local]\nbase_url = "{server.base_url}"\nmodel = "{MODEL}"\nhttp = {{ http2 = "h2c" }}\n'
 
@@ -471,7 +472,7 @@ def test_app_on_an_unusable_history_chats_and_says_so(
     assert file_state(db) == before  # nothing was written to the file it could not use
 
 
-# -- a gateway that retires connections (nginx's GOAWAY after 1,000 requests), under load -------------------------------
+# -- a gateway that retires connections (nginx's GOAWAY after 1,000 requests), under load --------------------
 @pytest.mark.parametrize("tls", [False, True], ids=["h2c", "tls-h2"])
 def test_bench_through_connections_the_server_retires_loses_nothing(
     server_factory: Factory, tls: bool, tmp_path: Path
@@ -503,7 +504,7 @@ def test_a_bad_file_argument_is_one_line(argv: list[str], cause: str, tmp_path: 
 
     from history_files import make_history
 
-    from llmchat.core._history_file import default_history_path
+    from llmchat.core.history._file import default_history_path
 
     asyncio.run(make_history(default_history_path(os.environ), conversations=1))
     clean_failure(llmchat(*argv), 2, cause)

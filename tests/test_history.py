@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from llmchat.core import CacheSettings, ChatClient, ProviderSettings, Settings, _history_db
-from llmchat.core._history import (
+from llmchat.core import CacheSettings, ChatClient, ProviderSettings, Settings
+from llmchat.core.history import _db as _history_db
+from llmchat.core.history._store import (
     MIGRATIONS,
     ConversationNotFoundError,
     HistoryError,
@@ -258,7 +259,7 @@ async def test_a_streaming_reply_is_flushed_within_a_second_and_seen_by_another_
 CHILD = """
 import asyncio, sys
 from pathlib import Path
-from llmchat.core._history import HistoryStore
+from llmchat.core.history._store import HistoryStore
 
 async def main():
     store = HistoryStore(Path(sys.argv[1]))

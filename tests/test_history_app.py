@@ -12,8 +12,9 @@ import pytest
 from history_files import damage_while_open, file_state, make_history, overwrite_pages, read_only
 from test_app import MODEL, _send, _settings, _until
 
-from llmchat.core import ChatClient, _history_file
-from llmchat.core._history import HistoryStore, export_markdown
+from llmchat.core import ChatClient
+from llmchat.core.history import _file as _history_file
+from llmchat.core.history._store import HistoryStore, export_markdown
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.widgets.chat import ChatMessage, PromptInput

@@ -23,8 +23,9 @@ from history_files import (
     read_only,
 )
 
-from llmchat.core import _history_file
-from llmchat.core._history import (
+from llmchat.core.history import _file as _history_file
+from llmchat.core.history._file import set_aside_command, shell_quote
+from llmchat.core.history._store import (
     MIGRATIONS,
     Generation,
     HistoryError,
@@ -32,7 +33,6 @@ from llmchat.core._history import (
     export_markdown,
     export_records_json,
 )
-from llmchat.core._history_file import set_aside_command, shell_quote
 from llmchat.tui.cli import main
 
 

@@ -13,7 +13,7 @@ from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
 
-from llmchat.core._history import HistoryStore
+from llmchat.core.history._store import HistoryStore
 from llmchat.tui.screens.history import HistoryScreen, when
 
 WAIT_S = 5.0

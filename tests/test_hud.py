@@ -16,8 +16,9 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 from timing_records import T0, record
 
-from llmchat.core._attribution import GROUPS, attribute, shares_over
-from llmchat.core._bus import (
+from llmchat.core.config._settings import UISettings
+from llmchat.core.observe._attribution import GROUPS, attribute, shares_over
+from llmchat.core.observe._bus import (
     Bus,
     Chunk,
     FirstToken,
@@ -27,11 +28,10 @@ from llmchat.core._bus import (
     ServerMetricsSampled,
     WarmupState,
 )
-from llmchat.core._coldstart import ColdStartDetector
-from llmchat.core._metrics import MUTE_MS, Metrics, ServerState, shown_groups
-from llmchat.core._retry import RetryEvent
-from llmchat.core._settings import UISettings
-from llmchat.core._timing import TimingRecord
+from llmchat.core.observe._coldstart import ColdStartDetector
+from llmchat.core.observe._timing import TimingRecord
+from llmchat.core.observe._window import MUTE_MS, Metrics, ServerState, shown_groups
+from llmchat.core.policy._retry import RetryEvent
 from llmchat.tui.numbers import duration
 from llmchat.tui.widgets.hud import AttributionPanel, Hud, HudDetail, PlotChart
 from llmchat.tui.widgets.hud._attribution import (

@@ -16,10 +16,10 @@ from textual.widgets import Static
 from timing_records import T0, record
 
 import llmchat.tui
-from llmchat.core._bus import Bus, FirstToken, RequestDone, RequestStarted, WarmupState
-from llmchat.core._retry import RetryEvent
-from llmchat.core._settings import UISettings
-from llmchat.core._timing import TimingRecord
+from llmchat.core.config._settings import UISettings
+from llmchat.core.observe._bus import Bus, FirstToken, RequestDone, RequestStarted, WarmupState
+from llmchat.core.observe._timing import TimingRecord
+from llmchat.core.policy._retry import RetryEvent
 from llmchat.tui.widgets.hud import Hud
 
 PRICES = {"llmchat-local": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}

@@ -79,7 +79,7 @@ def test_core_never_imports_textual_and_tui_never_imports_httpx() -> None:
 
 def test_only_the_transport_imports_httpx() -> None:
     users = sorted(p for p, names in _imports(ROOT / "core").items() if "httpx" in names)
-    assert users == ["core/_transport.py"]
+    assert users == ["core/http/_transport.py"]
 
 
 def test_console_script_runs() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from llmchat.core import CacheSettings, ChatClient, RetrySettings, ServerError, Settings, TimingRecord
-from llmchat.core._locust_report import REQUEST_TYPE, report
+from llmchat.core.load._locust_report import REQUEST_TYPE, report
 from llmchat.core.server import RunningServer
 
 LLMCHAT = Path(sys.executable).parent / "llmchat"
@@ -111,7 +111,7 @@ def test_importing_the_engine_never_imports_locust_or_gevent() -> None:
     import llmchat.tui.cli  # noqa: F401
 
     assert "locust" not in llmchat.core.__all__
-    assert not {"locust", "gevent", "llmchat.core.locust_user"} & set(sys.modules)
+    assert not {"locust", "gevent", "llmchat.core.load.locust_user"} & set(sys.modules)
 
 
 def test_the_locustfile_ships_in_the_package(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,10 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from timing_records import MS, record
 
-from llmchat.core._bus import Bus, Chunk, FirstToken, RequestDone, RequestStarted, RetryPlanned, WarmupState
-from llmchat.core._metrics import Metrics, Percentiles, Price, is_routine_overlap, prices_from_settings
-from llmchat.core._retry import RetryEvent
-from llmchat.core._timing import Phases
+from llmchat.core.observe._bus import (
+    Bus,
+    Chunk,
+    FirstToken,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    WarmupState,
+)
+from llmchat.core.observe._timing import Phases
+from llmchat.core.observe._window import Metrics, Percentiles, Price, is_routine_overlap, prices_from_settings
+from llmchat.core.policy._retry import RetryEvent
 
 
 def retry_event(attempt: int = 2, wait_s: float = 1.3) -> RetryEvent:

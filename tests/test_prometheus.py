@@ -31,8 +31,8 @@ from llmchat.core import (
     UsageError,
     Warmer,
 )
-from llmchat.core._attribution import attribute
-from llmchat.core._prometheus import LATENCY_BUCKETS, PART_BUCKETS, MetricsServer, start_exporter
+from llmchat.core.observe._attribution import attribute
+from llmchat.core.observe._prometheus import LATENCY_BUCKETS, PART_BUCKETS, MetricsServer, start_exporter
 from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 from llmchat.core.server._metrics import ServerMetrics, _TokenCounter, route_of
 
@@ -240,7 +240,7 @@ def test_two_exporters_keep_their_own_counts() -> None:
 
 def test_model_labels_are_capped() -> None:
     from llmchat.core import RequestDone
-    from llmchat.core._prometheus import ClientMetrics
+    from llmchat.core.observe._prometheus import ClientMetrics
 
     metrics = ClientMetrics(max_models=2)
     bus = Bus()
@@ -260,7 +260,7 @@ def test_without_prometheus_client_the_flag_says_what_to_install(monkeypatch: py
 
 
 def test_a_port_in_use_or_out_of_range_is_one_line() -> None:
-    from llmchat.core._prometheus import ClientMetrics
+    from llmchat.core.observe._prometheus import ClientMetrics
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -380,7 +380,7 @@ def test_every_metric_the_alert_rules_use_is_exported(local_server: RunningServe
     queried = set(re.findall(r"\b(llmchat_[a-z_]+)\b", "\n".join(
         line for line in text.splitlines() if not line.lstrip().startswith(("#", "summary:", "description:"))
     )))
-    from llmchat.core._prometheus import ClientMetrics
+    from llmchat.core.observe._prometheus import ClientMetrics
 
     exposed = set()
     for registry in (ClientMetrics().registry, ServerMetrics().registry):
@@ -393,7 +393,7 @@ def test_every_metric_the_alert_rules_use_is_exported(local_server: RunningServe
 
 
 async def test_a_load_run_with_a_shared_bus_exports_every_configuration(local_server: RunningServer) -> None:
-    from llmchat.core._load import LoadRun, Scenario, Target
+    from llmchat.core.load._run import LoadRun, Scenario, Target
 
     bus = Bus()
     with start_exporter(bus, 0) as exporter:
@@ -467,7 +467,7 @@ async def test_each_part_of_each_reply_is_observed_in_its_histogram(
 
 def test_a_negative_unexplained_part_is_observed_as_zero() -> None:
     from llmchat.core import Phases, RequestDone, RequestStarted
-    from llmchat.core._prometheus import ClientMetrics
+    from llmchat.core.observe._prometheus import ClientMetrics
 
     metrics = ClientMetrics()
     bus = Bus()

@@ -4,8 +4,9 @@ installed `llmchat` console script, and behaves as README says.
 Commands are taken from README itself, so a README edit is tested by the next run. Only what cannot run here
 as written is changed, the same way every time (``_as_run``): port 8000 becomes a free port (several tests run
 at once), placeholder hosts become the local server, and long runs get shorter (bench's `--requests 100` -> 5
-requests of 8 tokens, `--users 10` -> 3, Locust's `-u 50 -r 10 -t 1m` -> 2 users for 2 s). The two install commands at the top are what `.ci/run` itself runs (tests/test_layout.py pins
-that) and the chat app they start is driven in a real terminal by tests/test_journeys.py.
+requests of 8 tokens, `--users 10` -> 3, Locust's `-u 50 -r 10 -t 1m` -> 2 users for 2 s). The two install
+commands at the top are what `.ci/run` itself runs (tests/test_layout.py pins that) and the chat app
+they start is driven in a real terminal by tests/test_journeys.py.
 """
 
 from __future__ import annotations
@@ -359,7 +360,7 @@ def test_config_and_cache_rows() -> None:
 
 
 async def test_export_row(tmp_path: Path) -> None:
-    from llmchat.core._history import HistoryStore
+    from llmchat.core.history._store import HistoryStore
 
     store = HistoryStore()  # the default path under $XDG_DATA_HOME, as the app writes it
     await store.open()

@@ -20,12 +20,12 @@ from llmchat.core import (
     RetrySettings,
     Settings,
     StreamCutError,
-    _requestlog,
 )
-from llmchat.core._attribution import attribute
-from llmchat.core._bus import Bus
-from llmchat.core._errors import ConfigError
-from llmchat.core._requestlog import RequestLog, attach_observers
+from llmchat.core.errors import ConfigError
+from llmchat.core.observe import _requestlog as _requestlog
+from llmchat.core.observe._attribution import attribute
+from llmchat.core.observe._bus import Bus
+from llmchat.core.observe._requestlog import RequestLog, attach_observers
 from llmchat.core.server import RunningServer
 
 KEY = "sk-llmchat-test-" + "9f3a" * 8  # what the server demands; must never reach the log
@@ -170,7 +170,7 @@ def test_no_path_means_no_file_and_nothing_attached(tmp_path: Path) -> None:
     bus = Bus()
     observers = attach_observers(bus, Settings())
     assert not observers.request_log.enabled
-    from llmchat.core._bus import RequestDone
+    from llmchat.core.observe._bus import RequestDone
 
     assert not bus.wants(RequestDone)
     observers.close()

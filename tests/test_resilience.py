@@ -20,8 +20,8 @@ import pytest
 from llmchat.core import (
     ChatClient,
     ConnectError,
-    HTTPStatusError,
     HttpSettings,
+    HTTPStatusError,
     RateLimitError,
     RetryEvent,
     RetryPlanned,

@@ -16,7 +16,9 @@ from email.utils import format_datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llmchat.core._errors import (
+
+from llmchat.core.config._settings import RetrySettings
+from llmchat.core.errors import (
     APIError,
     AuthError,
     CancelledByUser,
@@ -31,8 +33,7 @@ from llmchat.core._errors import (
     TimeoutError,
     TLSError,
 )
-from llmchat.core._retry import RetryEvent, call_with_retries, plan_retry
-from llmchat.core._settings import RetrySettings
+from llmchat.core.policy._retry import RetryEvent, call_with_retries, plan_retry
 
 DEFAULTS = RetrySettings()
 NOW = datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)

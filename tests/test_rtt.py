@@ -20,9 +20,9 @@ import pytest
 from processes import reap
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings, StreamCutError
-from llmchat.core._errors import UsageError
-from llmchat.core._proxy import DelayProxy, Target
+from llmchat.core.errors import UsageError
 from llmchat.core.server import RunningServer, start_subprocess
+from llmchat.core.server._proxy import DelayProxy, Target
 from llmchat.tui.cli import main
 
 RTT_MS = 60.0

@@ -11,7 +11,7 @@ import pytest
 from textual.pilot import Pilot
 
 from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings
-from llmchat.core._history import HistoryStore
+from llmchat.core.history._store import HistoryStore
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.screenshot import save_screenshot

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+
 from llmchat.core.server import RunningServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]

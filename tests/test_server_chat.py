@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llmchat.core.server import RunningServer
 
 PROMPT = [{"role": "user", "content": "Tell me about connection pools"}]

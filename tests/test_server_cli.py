@@ -11,10 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from llmchat.core._errors import LLMChatError
+
+from llmchat.core.errors import LLMChatError
 from llmchat.core.server import start_subprocess
-from llmchat.tui.cli import build_parser, main
 from llmchat.core.server._cli import flag_values
+from llmchat.tui.cli import build_parser, main
 
 UNUSED_TLS = (
     ssl.create_default_context()

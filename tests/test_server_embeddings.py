@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
+
 from llmchat.core.server import RunningServer
 
 UNUSED_TLS = (

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llmchat.core.server import RunningServer
 
 Factory = Callable[..., RunningServer]

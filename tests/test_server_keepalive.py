@@ -18,7 +18,7 @@ import httpx
 import hypercorn.protocol
 
 from llmchat.core import ServerSettings
-from llmchat.core._transport import _GracefulH2State
+from llmchat.core.http._transport import _GracefulH2State
 from llmchat.core.server import RunningServer
 from llmchat.core.server._retire import RetiringH2Protocol
 

@@ -33,10 +33,10 @@ from llmchat.core import (
     TimingRecord,
     attribute,
 )
-from llmchat.core._coldstart_store import BaselineStore
-from llmchat.core._metrics import Metrics
-from llmchat.core._prometheus import ClientMetrics
-from llmchat.core._signals import ServerSignals
+from llmchat.core.client._signals import ServerSignals
+from llmchat.core.observe._baselines import BaselineStore
+from llmchat.core.observe._prometheus import ClientMetrics
+from llmchat.core.observe._window import Metrics
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 

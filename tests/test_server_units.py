@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from llmchat.core._errors import UsageError
-from llmchat.core._settings import ServerSettings
+
+from llmchat.core.config._settings import ServerSettings
+from llmchat.core.errors import UsageError
 from llmchat.core.server import PROFILES, resolve_settings
+from llmchat.core.server._encode import ChunkTemplate
 from llmchat.core.server._faults import ColdStarts, FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import Exchange
 from llmchat.core.server._replies import Reply, build_reply, count_tokens, tokenize
-from llmchat.core.server._wire import ChunkTemplate
 
 
 @given(st.text())

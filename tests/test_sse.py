@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llmchat.core.sse import ServerSentEvent, SSEDecoder
+
+from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
 
 # ----------------------------------------------------------------------------------------------------
 # Reference: the spec's algorithm transcribed line by line, slow and obvious, over the whole stream at once.

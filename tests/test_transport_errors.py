@@ -20,10 +20,10 @@ import h11
 import httpcore
 import pytest
 
+import llmchat.core.errors as errors
+import llmchat.core.http._transport as T
 from llmchat.core import ChatClient, RetrySettings
-from llmchat.core import _errors as errors
-from llmchat.core import _transport as T
-from llmchat.core._retry import plan_retry
+from llmchat.core.policy._retry import plan_retry
 
 HP = "127.0.0.1:9"
 URL = f"http://{HP}/v1"

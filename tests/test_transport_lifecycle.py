@@ -21,9 +21,9 @@ import httpx
 import pytest
 from hyperframe.frame import GoAwayFrame
 
+import llmchat.core.http._transport as T
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings
-from llmchat.core import _transport as T
-from llmchat.core._client import ChatStream
+from llmchat.core.client._client import ChatStream
 from llmchat.core.server import RunningServer
 
 Factory = Callable[..., RunningServer]
@@ -36,7 +36,7 @@ def test_the_private_names_the_transport_relies_on_are_still_there() -> None:
     def has(owner: object, *names: str) -> None:
         for name in names:
             assert hasattr(owner, name), (
-                f"{getattr(owner, '__name__', owner)} has no {name!r} any more: core/_transport.py's "
+                f"{getattr(owner, '__name__', owner)} has no {name!r} any more: core/http/_transport.py's "
                 "connection "
                 "life cycle (GOAWAY, rotation) relies on it; see the classes there"
             )

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import pytest
 
+import llmchat.core.errors as errors
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings
-from llmchat.core import _errors as errors
-from llmchat.core._attribution import attribute
-from llmchat.core._client import ChatStream
+from llmchat.core.client._client import ChatStream
+from llmchat.core.observe._attribution import attribute
 from llmchat.core.server import RunningServer
 
 MSG = [{"role": "user", "content": "pool me"}]

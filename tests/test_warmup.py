@@ -25,8 +25,8 @@ from llmchat.core import (
     Warmer,
     WarmupState,
 )
-from llmchat.core._timing import Phases
-from llmchat.core._transport import _ssl_context
+from llmchat.core.http._transport import _ssl_context
+from llmchat.core.observe._timing import Phases
 from llmchat.core.server import RunningServer
 
 Factory = Callable[..., RunningServer]

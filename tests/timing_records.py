@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmchat.core._timing import Phases, TimingRecord
+from llmchat.core.observe._timing import Phases, TimingRecord
 
 MS = 1_000_000
 T0 = 10**12  # any fixed perf_counter_ns value: the records never meet the real clock unless a test says so

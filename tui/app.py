@@ -36,23 +36,23 @@ from llmchat.core import (
     Warmer,
     resolve_provider,
 )
-from llmchat.core._history import (
+from llmchat.core.history import (
     Conversation as SavedConversation,
 )
-from llmchat.core._history import (
+from llmchat.core.history import (
     ConversationNotFoundError,
+    ExportError,
     Generation,
     HistoryError,
     HistoryStore,
     Origin,
     ReplyWriter,
+    export_folder,
     export_markdown,
     export_records_json,
+    save_export,
 )
-from llmchat.core._history_export import ExportError, export_folder, save_export
-from llmchat.core._prometheus import start_exporter
-from llmchat.core._requestlog import attach_observers
-from llmchat.core._timing import TimingRecord
+from llmchat.core.observe import TimingRecord, attach_observers, start_exporter
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.screens.help import HelpScreen

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from llmchat.core import __version__
-from llmchat.core._errors import LLMChatError
+from llmchat.core.errors import LLMChatError
 from llmchat.tui.commands import COMMANDS, _options
 
 

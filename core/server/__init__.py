@@ -27,8 +27,8 @@ from llmchat.core.server._profiles import PROFILE_SUMMARIES, PROFILES, resolve_s
 from llmchat.core.server._subprocess import SubprocessServer, start_subprocess
 
 if TYPE_CHECKING:
-    from llmchat.core._proxy import DelayProxy, Target, run_proxy
     from llmchat.core.server._metrics import ServerMetrics
+    from llmchat.core.server._proxy import DelayProxy, Target, run_proxy
     from llmchat.core.server._run import Listening, RunningServer, serve, start_in_thread
 
 #: name -> the module that holds it, imported when the name is first asked for.
@@ -38,9 +38,9 @@ _LAZY = {
     "serve": "llmchat.core.server._run",
     "start_in_thread": "llmchat.core.server._run",
     "ServerMetrics": "llmchat.core.server._metrics",
-    "DelayProxy": "llmchat.core._proxy",
-    "Target": "llmchat.core._proxy",
-    "run_proxy": "llmchat.core._proxy",
+    "DelayProxy": "llmchat.core.server._proxy",
+    "Target": "llmchat.core.server._proxy",
+    "run_proxy": "llmchat.core.server._proxy",
 }
 
 

@@ -17,15 +17,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from llmchat.core._settings import ServerSettings
+from llmchat.core.config import ServerSettings
 from llmchat.core.server._chat import ChatResponder
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._embeddings import embed, encode_base64
+from llmchat.core.server._encode import dumps, timing
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
 from llmchat.core.server._replies import count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
-from llmchat.core.server._wire import dumps, timing
 
 Handler = Callable[[Exchange], Awaitable[None]]
 

@@ -25,8 +25,8 @@ import os
 import time
 from typing import Any
 
-from llmchat.core._settings import ServerSettings
-from llmchat.core.server import _wire
+from llmchat.core.config import ServerSettings
+from llmchat.core.server import _encode as _wire
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._faults import ColdStarts, FaultDice
 from llmchat.core.server._http import Exchange, HTTPFailure

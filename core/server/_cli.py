@@ -16,9 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from llmchat.core._config import load_settings
-from llmchat.core._errors import LLMChatError
-from llmchat.core._settings import ServerSettings
+from llmchat.core.config import ServerSettings, load_settings
+from llmchat.core.errors import LLMChatError
 from llmchat.core.server._profiles import PROFILE_SUMMARIES, resolve_settings
 
 DESCRIPTION = (
@@ -170,7 +169,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM with the settings ``args`` give (``args.config``, ``args.metrics_port``);
     returns 0 after a clean shutdown. Raises LLMChatError (UsageError for a bad value) with one line."""
-    from llmchat.core._prometheus import MetricsServer
+    from llmchat.core.observe._prometheus import MetricsServer
     from llmchat.core.server._metrics import ServerMetrics
     from llmchat.core.server._run import serve
 

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from llmchat.core.server._wire import error_body
+from llmchat.core.server._encode import error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

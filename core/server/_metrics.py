@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from llmchat.core._prometheus import LATENCY_BUCKETS, load_prometheus_client
+from llmchat.core.observe import LATENCY_BUCKETS, load_prometheus_client
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

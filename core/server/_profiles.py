@@ -25,8 +25,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from llmchat.core._errors import UsageError
-from llmchat.core._settings import ServerSettings
+from llmchat.core.config import ServerSettings
+from llmchat.core.errors import UsageError
 
 _OFF: dict[str, Any] = {
     "ttft_ms": 0.0,

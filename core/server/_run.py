@@ -23,13 +23,13 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config, Sockets
 from hypercorn.typing import ASGIFramework
 
-from llmchat.core._errors import LLMChatError
-from llmchat.core._proxy import DelayProxy, Target
-from llmchat.core._settings import ServerSettings
+from llmchat.core.config import ServerSettings
+from llmchat.core.errors import LLMChatError
 from llmchat.core.server._app import ServerApp
 from llmchat.core.server._connections import ConnectionRegistry, TrackingSocket
 from llmchat.core.server._metrics import ServerMetrics
 from llmchat.core.server._profiles import validate_settings
+from llmchat.core.server._proxy import DelayProxy, Target
 from llmchat.core.server._retire import NO_LIMIT
 from llmchat.core.server._retire import install as install_retiring_h2
 from llmchat.core.server._tls import TLSFiles, self_signed, user_files
@@ -333,7 +333,7 @@ def start_in_thread(
     settings: ServerSettings, *, timeout: float = 30.0, metrics: ServerMetrics | None = None
 ) -> RunningServer:
     """Start a server on its own event loop in a daemon thread; return once it listens. ``metrics`` counts
-    its requests (serve them with ``llmchat.core._prometheus.MetricsServer(metrics.registry, port)``).
+    its requests (serve them with ``llmchat.core.observe._prometheus.MetricsServer(metrics.registry, port)``).
 
     Raises what ``serve`` raises (UsageError, LLMChatError), or LLMChatError if it is not listening within
     ``timeout`` seconds.

@@ -18,7 +18,7 @@ import time
 from types import TracebackType
 from typing import IO
 
-from llmchat.core._errors import LLMChatError
+from llmchat.core.errors import LLMChatError
 
 _READY = re.compile(
     r"^llmchat server listening on (?P<url>https?://\S+) \([^)]*\)(?: certificate (?P<cert>.+))?$"

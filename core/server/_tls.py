@@ -15,7 +15,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass
 
-from llmchat.core._errors import UsageError
+from llmchat.core.errors import UsageError
 
 
 @dataclass(frozen=True)

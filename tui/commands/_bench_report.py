@@ -11,8 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape
 
-from llmchat.core._attribution import PARTS
-from llmchat.core._load_stats import (
+from llmchat.core.client import summarize_snapshots
+from llmchat.core.load import (
     EXACT_LIMIT,
     METRIC_NAMES,
     METRICS,
@@ -21,7 +21,7 @@ from llmchat.core._load_stats import (
     ConfigStats,
     compare_rows,
 )
-from llmchat.core._metrics_poller import summarize_snapshots
+from llmchat.core.observe import PARTS
 
 BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
 

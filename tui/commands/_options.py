@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from llmchat.core._errors import UsageError
+from llmchat.core.errors import UsageError
 
 SUPPRESS = argparse.SUPPRESS
 

@@ -20,13 +20,12 @@ from llmchat.core import (
     RetryPlanned,
     ServerSignals,
     Settings,
-    _text,
     format_shares,
     load_settings,
 )
-from llmchat.core._errors import APIError, UsageError
-from llmchat.core._requestlog import attach_observers
-from llmchat.core._timing import TimingRecord
+from llmchat.core import text as _text
+from llmchat.core.errors import APIError, UsageError
+from llmchat.core.observe import TimingRecord, attach_observers
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 

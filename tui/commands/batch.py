@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from llmchat.core import ChatClient, Http2Mode, Settings, _text, load_settings
-from llmchat.core._errors import UsageError
-from llmchat.core._jobs import (
+from llmchat.core import ChatClient, Http2Mode, Settings, load_settings
+from llmchat.core import text as _text
+from llmchat.core.errors import UsageError
+from llmchat.core.load import (
     Job,
     JobSummary,
     OutputLock,
@@ -23,8 +24,7 @@ from llmchat.core._jobs import (
     run_jobs,
     split_lines,
 )
-from llmchat.core._requestlog import attach_observers
-from llmchat.core._timing import TimingRecord
+from llmchat.core.observe import TimingRecord, attach_observers
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 

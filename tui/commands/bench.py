@@ -23,14 +23,22 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmchat.core import BaselineStore, Bus, ColdStartDetector, __version__, load_settings, mask_url
-from llmchat.core._errors import UsageError
-from llmchat.core._load import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
-from llmchat.core._load_stats import CLIENT_ERRORS, SLO, ConfigStats, compare_rows
-from llmchat.core._metrics_poller import summarize_snapshots
-from llmchat.core._prometheus import start_exporter
-from llmchat.core._requestlog import RequestLog, attach_observers
-from llmchat.core._settings import LogSettings
-from llmchat.core._timing import percentile
+from llmchat.core.client import summarize_snapshots
+from llmchat.core.config import LogSettings
+from llmchat.core.errors import UsageError
+from llmchat.core.load import (
+    CLIENT_ERRORS,
+    CONFIGS,
+    SLO,
+    ConfigStats,
+    LoadRun,
+    Sample,
+    Scenario,
+    Target,
+    compare_rows,
+    parse_configs,
+)
+from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default

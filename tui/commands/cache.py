@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from llmchat.core import CacheSettings, load_settings
-from llmchat.core._cache import ReplyCache
+from llmchat.core.policy import ReplyCache
 from llmchat.tui.commands import _options
 
 

@@ -6,14 +6,14 @@ import argparse
 import os
 import sys
 
-from llmchat.core._config import (
+from llmchat.core.config import (
     config_path_in_use,
     load_settings,
     mask_secret,
     resolve_provider,
     settings_to_toml,
 )
-from llmchat.core._errors import UsageError
+from llmchat.core.errors import UsageError
 from llmchat.tui.commands import _options
 
 

@@ -7,9 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from llmchat.core._errors import UsageError
-from llmchat.core._history import HistoryStore, export_markdown, export_records_json
-from llmchat.core._history_export import write_private
+from llmchat.core.errors import UsageError
+from llmchat.core.history import HistoryStore, export_markdown, export_records_json, write_private
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

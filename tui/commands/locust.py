@@ -1,4 +1,4 @@
-"""`llmchat locust ARGS...`: Locust with the locustfile that ships in the package (``llmchat.core.locustfile``).
+"""`llmchat locust ARGS...`: Locust with the locustfile that ships in the package (``llmchat.core.load.locustfile``).
 
 Every argument goes to Locust as it is (``--headless -u 50``, ``--master``, ``--worker --master-host IP``), so
 an install needs no checkout to load-test through the engine, on one machine or with Locust's master and
@@ -13,9 +13,9 @@ import importlib.util
 import subprocess
 import sys
 
-from llmchat.core._errors import UsageError
+from llmchat.core.errors import UsageError
 
-MODULE = "llmchat.core.locustfile"
+MODULE = "llmchat.core.load.locustfile"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

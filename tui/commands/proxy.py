@@ -1,7 +1,7 @@
 """`llmchat proxy`: a network round trip in front of any server, so local benchmarks pay what remote ones do.
 
 A TCP proxy on 127.0.0.1 that delays every byte by half of ``--rtt-ms`` in each direction (see
-``llmchat.core._proxy``). It does not parse what it carries: HTTP/1.1, h2c and TLS pass through alike, so a
+``llmchat.core.server._proxy``). It does not parse what it carries: HTTP/1.1, h2c and TLS pass through alike, so a
 client pointed at it pays the connect, TLS and request round trips of a server that far away. Exit status 0
 after SIGINT or SIGTERM, 2 for a bad flag, 1 when the port cannot be bound.
 """
@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import signal
 
-from llmchat.core._proxy import DelayProxy, Target, run_proxy
+from llmchat.core.server import DelayProxy, Target, run_proxy
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,6 @@
 """The history screen: the saved conversations, newest first, to open, rename or delete one.
 
-It talks to a :class:`~llmchat.core._history.HistoryStore` (already open) in workers, so the list loads and
+It talks to a :class:`~llmchat.core.history._store.HistoryStore` (already open) in workers, so the list loads and
 changes without ever blocking the app. It dismisses with the id to open, or None when closed. Renames and
 deletions are posted as :class:`HistoryScreen.Renamed` and :class:`HistoryScreen.Deleted` (they bubble to the
 app) so the shell can retitle or leave a conversation that is gone.
@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from llmchat.core._history import ConversationInfo, HistoryError, HistoryStore
+from llmchat.core.history import ConversationInfo, HistoryError, HistoryStore
 from llmchat.tui.keys import binding
 
 

@@ -1,4 +1,4 @@
-"""The HUD: the live latency side panel (``Hud``) and its parts, fed by ``llmchat.core._metrics.Metrics``."""
+"""The HUD: the live latency side panel (``Hud``) and its parts, fed by ``llmchat.core.observe._window.Metrics``."""
 
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import ColumnChart, HudCharts

@@ -24,9 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from textual.content import Content
 
-from llmchat.core._attribution import GROUPS, Attribution
-from llmchat.core._metrics import Metrics
-from llmchat.core._timing import TimingRecord
+from llmchat.core.observe import GROUPS, Attribution, Metrics, TimingRecord
 from llmchat.tui.numbers import duration, plural, share
 from llmchat.tui.widgets.hud._figures import MUTED_STYLE, WARN_STYLE
 from llmchat.tui.widgets.hud._lines import Lines, wrap

@@ -17,7 +17,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
+from llmchat.core.observe import REQUEST_SERIES, Metrics, Series
 from llmchat.tui.numbers import duration_range, figure, plural
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, OK_STYLE, TITLES, Targets, value_text
 

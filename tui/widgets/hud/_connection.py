@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from llmchat.core._metrics import ConnectionState
+from llmchat.core.observe import ConnectionState
 from llmchat.tui.numbers import duration
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE
 from llmchat.tui.widgets.hud._lines import Lines, wrap

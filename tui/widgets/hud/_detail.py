@@ -19,7 +19,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from llmchat.core._metrics import REQUEST_SERIES, Metrics, Series
+from llmchat.core.observe import REQUEST_SERIES, Metrics, Series
 from llmchat.tui.numbers import index_ticks, nice_ticks, plural, tick_labels
 from llmchat.tui.widgets.hud._figures import MUTED_STYLE, TITLES, value_text
 

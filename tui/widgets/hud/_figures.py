@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmchat.core._metrics import Series
-from llmchat.core._settings import UISettings
+from llmchat.core.config import UISettings
+from llmchat.core.observe import Series
 from llmchat.tui.numbers import duration, rate
 
 #: The HUD's name for each series.

@@ -19,9 +19,8 @@ from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Static
 
-from llmchat.core._bus import Bus
-from llmchat.core._metrics import Metrics, prices_from_settings
-from llmchat.core._settings import UISettings
+from llmchat.core.config import UISettings
+from llmchat.core.observe import Bus, Metrics, prices_from_settings
 from llmchat.tui.numbers import plural
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widgets import Static
 
-from llmchat.core._metrics import Metrics
+from llmchat.core.observe import Metrics
 from llmchat.tui.widgets.hud._figures import MUTED_STYLE
 
 _NS_PER_S = 1_000_000_000

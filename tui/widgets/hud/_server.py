@@ -9,7 +9,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widgets import Static
 
-from llmchat.core._metrics import ServerState
+from llmchat.core.observe import ServerState
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from llmchat.core._metrics import Metrics, Series, Spread
+from llmchat.core.observe import Metrics, Series, Spread
 from llmchat.tui.numbers import Stat, duration, money, plural, share, spread_stats
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, OK_STYLE, TITLES, WARN_STYLE, Targets
 from llmchat.tui.widgets.hud._lines import Lines

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from textual.content import Content
 from textual.widgets import Static
 
-from llmchat.core._timing import TimingRecord
+from llmchat.core.observe import TimingRecord
 from llmchat.tui.numbers import duration, plural
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE
 

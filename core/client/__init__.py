@@ -1,0 +1,23 @@
+"""ChatClient (stream, complete, embed) and what runs beside it on its connections: warm-up pings and the
+server's /metrics.
+"""
+
+from __future__ import annotations
+
+from llmchat.core.client._client import ChatClient, ChatReply, ChatStream
+from llmchat.core.client._metrics_poller import ServerMetricsPoller, summarize_snapshots
+from llmchat.core.client._server_metrics import parse_server_metrics, scrape_server_metrics
+from llmchat.core.client._signals import ServerSignals
+from llmchat.core.client._warmup import Warmer
+
+__all__ = [
+    "ChatClient",
+    "ChatReply",
+    "ChatStream",
+    "ServerMetricsPoller",
+    "ServerSignals",
+    "Warmer",
+    "parse_server_metrics",
+    "scrape_server_metrics",
+    "summarize_snapshots",
+]

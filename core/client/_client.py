@@ -1,0 +1,694 @@
+"""``ChatClient``: stream, complete and embed, each producing a timing record on the bus.
+
+The client puts the layers together: settings resolve to an ``Endpoint``; the shared ``Transport`` sends;
+the retry loop wraps everything up to the response headers (never past the first byte the caller sees); the
+SSE decoder and the wire parser turn bytes into deltas; the cache answers batch requests and embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import llmchat.core.errors as errors
+import llmchat.core.http._openai as wire
+from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
+from llmchat.core.http import Endpoint, SSEDecoder, Transport, WireResponse
+from llmchat.core.observe import (
+    Bus,
+    Chunk,
+    FirstToken,
+    Phases,
+    RequestDone,
+    RequestStarted,
+    RetryPlanned,
+    TimingRecord,
+)
+from llmchat.core.policy import ReplyCache, RetryEvent, call_with_retries, replay_chunks
+from llmchat.core.text import SurrogateJoiner
+
+Message = Mapping[str, Any]
+
+#: How long a finished stream may take to deliver the rest of its body before its connection is dropped.
+_DRAIN_S = 1.0
+
+
+@dataclass(slots=True)
+class ChatReply:
+    """A whole reply: its text, the reasoning kept apart, and the request's timing record."""
+
+    text: str
+    record: TimingRecord
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _Pools:
+    """One Transport per endpoint per event loop, shared by every ChatClient in the process and reference
+    counted, so the app, `ask` and the batch runner all reuse the same warm connections."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, Transport, int]] = {}
+
+    @staticmethod
+    def _key(ep: Endpoint) -> tuple[Any, ...]:
+        # In memory only: the key never leaves this dict (it holds the API key to keep two accounts apart).
+        return (ep.name, ep.base_url, ep.api_key, tuple(sorted(ep.headers.items())), ep.http)
+
+    def acquire(self, ep: Endpoint) -> Transport:
+        loop = asyncio.get_running_loop()
+        key = self._key(ep)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is loop and not loop.is_closed():
+            self._entries[key] = (loop, entry[1], entry[2] + 1)
+            return entry[1]
+        transport = Transport(ep)
+        self._entries[key] = (loop, transport, 1)
+        return transport
+
+    async def release(self, transport: Transport) -> None:
+        key = self._key(transport.endpoint)
+        entry = self._entries.get(key)
+        if entry is None or entry[1] is not transport:
+            await transport.aclose()
+            return
+        if entry[2] <= 1:
+            del self._entries[key]
+            await transport.aclose()
+        else:
+            self._entries[key] = (entry[0], transport, entry[2] - 1)
+
+
+_pools = _Pools()
+
+
+def endpoint_from_settings(
+    settings: Settings,
+    provider: str | None = None,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    api_key_env: str | None = None,
+    http2: Http2Mode | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Endpoint, str | None]:
+    """Resolve the endpoint and the default model. An explicit ``base_url`` bypasses the providers table.
+
+    ``api_key`` (library use) or ``api_key_env``, the name of an environment variable holding one
+    (``--api-key-env``), beat the provider's own key. Raises ``ConfigError`` (via the config layer) for an
+    unknown provider, and ``UsageError`` when nothing is configured and no base URL is given (callers that
+    want the offline default start the local server first) or when ``api_key_env`` names an unset variable.
+    """
+    from llmchat.core.config._load import resolve_provider
+
+    env = os.environ if env is None else env
+    source = "the api_key argument" if api_key else ""
+    if api_key is None and api_key_env:
+        api_key = env.get(api_key_env) or None
+        if api_key is None:
+            raise errors.UsageError(
+                f"--api-key-env {api_key_env}: that environment variable is not set or is empty; export "
+                f"{api_key_env} with the key first, or drop the flag"
+            )
+        source = f"env {api_key_env} (--api-key-env)"
+    if base_url:
+        http = settings.http
+        if http2 is not None:
+            http = _replace_http(http, http2=http2)
+        ep = Endpoint(
+            name=provider or "custom",
+            base_url=base_url.rstrip("/"),
+            api_key=api_key,
+            api_key_source=source or "none (no key is sent with --base-url unless --api-key-env names one)",
+            api_key_hint="" if api_key else "pass --api-key-env VAR, VAR being the environment variable that "
+            "holds the key",
+            http=http,
+        )
+        return ep, None
+    resolved = resolve_provider(settings, provider, env=env)
+    if resolved is None:
+        raise errors.UsageError(
+            "no provider is configured; set OPENAI_API_KEY (and OPENAI_BASE_URL), add [providers.NAME] to the "
+            "config, or pass --base-url"
+        )
+    http = resolved.http if http2 is None else _replace_http(resolved.http, http2=http2)
+    ep = Endpoint(
+        name=resolved.name,
+        base_url=resolved.base_url,
+        api_key=api_key or resolved.api_key,
+        api_key_source=source or resolved.api_key_source,
+        api_key_hint="" if api_key else resolved.api_key_hint,
+        headers=dict(resolved.headers),
+        http=http,
+    )
+    return ep, resolved.model
+
+
+def _replace_http(http: HttpSettings, **changes: Any) -> HttpSettings:
+    from dataclasses import replace
+
+    return replace(http, **changes)
+
+
+class ChatClient:
+    """An async context manager that talks to one OpenAI-compatible provider.
+
+    Build it from ``Settings`` (``ChatClient(settings, provider="groq")``) or from keywords
+    (``ChatClient(base_url="http://127.0.0.1:8000/v1", http2="h2c")``). Every request makes a
+    ``TimingRecord`` and publishes it on ``bus``. Errors are llmchat's typed ``APIError`` family, each with a
+    one-line message; a reply cut short keeps its text in the error's ``partial_text``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        provider: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        model: str | None = None,
+        http2: Http2Mode | None = None,
+        bus: Bus | None = None,
+        cache: ReplyCache | None = None,
+        use_cache: bool = True,
+        retry: RetrySettings | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.endpoint, default_model = endpoint_from_settings(
+            self.settings, provider, base_url=base_url, api_key=api_key, api_key_env=api_key_env, http2=http2,
+            env=env,
+        )
+        self.model = model or default_model or ""
+        self.bus = bus or Bus()
+        self.retry = retry or self.settings.retry
+        self._own_cache = cache is None and use_cache and self.settings.cache.policy != "off"
+        self.cache: ReplyCache | None = cache if cache is not None else (
+            ReplyCache(self.settings.cache) if self._own_cache else None
+        )
+        self._transport: Transport | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> ChatClient:
+        self._transport = _pools.acquire(self.endpoint)
+        # Built now, not inside the first request's timings: that request's pool wait is then a pool wait.
+        await self._transport.prepare()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await _pools.release(transport)
+        if self._own_cache and self.cache is not None:
+            await self.cache.aclose()
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            self._transport = _pools.acquire(self.endpoint)
+        return self._transport
+
+    def _record(self, mode: str, model: str) -> TimingRecord:
+        return TimingRecord(mode=mode, provider=self.endpoint.name, model=model, host=self.endpoint.hostport)
+
+    async def _model(self, model: str | None, record: TimingRecord | None = None) -> str:
+        """``model``, else the client's, else the first one GET /models lists (once; then it is the client's).
+
+        The lookup is part of the request it serves: with ``record`` its phases and end are stamped there
+        (the connection it opens is the request's, and attribution shows the lookup as a part of its own).
+        Raises the lookup's own APIError when listing fails (refused, 401, an HTML page...), and UsageError
+        only when the list really is empty.
+        """
+        m = model or self.model
+        if m:
+            return m
+        # No model named anywhere: a local server (llama.cpp, Ollama, ours) usually serves one; take the first
+        # it lists, once, rather than make the user look it up.
+        phases = Phases()
+        try:
+            offered = await self.models(phases=phases)
+        finally:
+            if record is not None:
+                record.discovery = phases
+                record.discovery_end_ns = time.perf_counter_ns()
+        if not offered:
+            raise errors.UsageError(
+                f"no model chosen for provider {self.endpoint.name!r} and its /models lists none; pass --model "
+                f"or set providers.{self.endpoint.name}.model"
+            )
+        self.model = offered[0]
+        if record is not None:
+            record.model = self.model
+        return self.model
+
+    # -- requests --------------------------------------------------------------------------------------------
+    async def _open(
+        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str
+    ) -> tuple[AsyncExitStack, WireResponse]:
+        """Send with retries until a response with a success status is open; returns it with its closer."""
+
+        async def send(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
+            record.attempts = attempt
+            record.phases = Phases()
+            stack = AsyncExitStack()
+            try:
+                resp = await stack.enter_async_context(
+                    self.transport.request(method, path, body=body, phases=record.phases, stream=stream)
+                )
+                record.status = resp.status
+                record.http_version = resp.http_version
+                if resp.status >= 400:
+                    data = await resp.aread()
+                    raise await self._status_error(resp, data, model)
+            except BaseException:
+                await stack.aclose()
+                raise
+            return stack, resp
+
+        def on_retry(event: RetryEvent) -> None:
+            record.retries.append(event)
+            self.bus.publish(RetryPlanned(record, event))
+
+        # The first attempt goes out bare: tenacity's setup was 4 % of a streamed request's CPU, and only a
+        # failure needs it. The failure is then handed to the retry loop as its attempt 1, so what it decides
+        # (retry or not, the wait, "after N attempts") is what it would have decided on its own.
+        try:
+            return await send(1)
+        except Exception as exc:
+            first = exc
+
+        async def resend(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
+            if attempt == 1:
+                raise first
+            return await send(attempt)
+
+        return await call_with_retries(resend, self.retry, on_retry=on_retry)
+
+    async def _status_error(
+        self, resp: WireResponse, data: bytes, model: str, *, listing: bool = False
+    ) -> errors.APIError:
+        """The typed error for an error status. A 404 on a request lists the models (bounded) for its message;
+        a 404 on the listing itself (``listing``) says the path is wrong, and never asks again."""
+        if listing and resp.status == 404 and not wire.looks_html(data, resp.headers.get("content-type", "")):
+            return errors.NotFoundError(
+                f"{self.endpoint.hostport} has no {self.endpoint.base_url}/models (HTTP 404); base_url is "
+                "probably missing its /v1 (e.g. http://127.0.0.1:8000/v1): fix base_url",
+                status=404,
+                headers=resp.headers,
+            )
+        models: list[str] | None = None
+        if resp.status == 404 and not listing:
+            models = await self._models_quietly()
+        return wire.status_error(
+            resp.status,
+            data,
+            content_type=resp.headers.get("content-type", ""),
+            headers=resp.headers,
+            where=self.endpoint.hostport,
+            key_source=self.endpoint.api_key_source,
+            key_hint=None if self.endpoint.api_key else self.endpoint.api_key_hint,
+            model=model,
+            models=models,
+        )
+
+    async def _models_quietly(self) -> list[str] | None:
+        try:
+            return await asyncio.wait_for(self.models(), timeout=3.0)
+        except (TimeoutError, errors.APIError):
+            return None
+
+    async def models(self, *, phases: Phases | None = None) -> list[str]:
+        """The model ids GET /models offers, in its order; ``phases`` receives the request's stamps.
+
+        Raises the usual APIError family; a 404 (a base_url without /v1) says so at once.
+        """
+        async with self.transport.request("GET", "models", phases=phases or Phases()) as resp:
+            data = await resp.aread()
+        if resp.status >= 400:
+            raise await self._status_error(resp, data, self.model, listing=True)
+        return wire.parse_models(data)
+
+    def stream(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatStream:
+        """Stream a reply: an async iterator of answer text deltas; ``.record`` is final once it ends.
+
+        Reasoning deltas are collected in ``.reasoning``, apart from the answer. Breaking out of the loop or
+        cancelling the task marks the record cancelled. Errors raise after the text that arrived was yielded;
+        the error's ``partial_text`` holds it too.
+        """
+        return ChatStream(self, list(messages), model, params)
+
+    async def complete(self, messages: Sequence[Message], *, model: str | None = None, **params: Any) -> ChatReply:
+        """One whole reply (batch mode), answered from the cache when the cache policy allows."""
+        record = self._record("batch", model or self.model)
+        self.bus.publish(RequestStarted(record, messages))
+        key = None
+        answer: str | None = None
+        try:
+            m = await self._model(model, record)
+            if self.cache is not None and self.cache.policy_allows(params):
+                key = ReplyCache.chat_key(
+                    base_url=self.endpoint.base_url, model=m, messages=list(messages), params=params
+                )
+                record.cache_lookup = True
+                hit = await self.cache.get_chat(key)
+                if hit is not None:
+                    cached = self._from_cache(hit, record)
+                    answer = cached.text
+                    return cached
+            t = time.perf_counter_ns()
+            body = wire.chat_body(m, messages, params, stream=False)
+            record.encode_ns = time.perf_counter_ns() - t
+            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m)
+            async with stack:
+                data = await resp.aread()
+            t = time.perf_counter_ns()
+            reply = wire.parse_reply(
+                data, status=resp.status, content_type=resp.headers.get("content-type", ""),
+                where=self.endpoint.hostport,
+            )
+            record.end_ns = time.perf_counter_ns()
+            record.decode_ns = record.end_ns - t
+            _server_reports(record, resp, reply.timings)
+            record.replaced_chars = reply.replaced
+            record.server_timing = reply.server_timing
+            record.finish_reason = reply.finish_reason
+            _apply_usage(record, reply.usage, fallback_tokens=0)
+            if key is not None and self.cache is not None:
+                await self.cache.put_chat(key, {
+                    "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
+                    "usage": reply.usage, "model": reply.model or m,
+                })
+            answer = reply.content
+            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage)
+        except errors.APIError as exc:
+            _fail(record, exc)
+            raise
+        except asyncio.CancelledError:
+            record.cancelled = True
+            record.error_kind = "cancelled"
+            raise
+        finally:
+            if record.end_ns is None:
+                record.end_ns = time.perf_counter_ns()
+            self.bus.publish(RequestDone(record, answer))
+
+    def _from_cache(self, hit: Mapping[str, Any], record: TimingRecord) -> ChatReply:
+        record.cache_hit = True
+        record.attempts = 0
+        record.end_ns = time.perf_counter_ns()
+        record.finish_reason = hit.get("finish_reason")
+        usage = hit.get("usage") if isinstance(hit.get("usage"), dict) else None
+        _apply_usage(record, usage, fallback_tokens=0)
+        return ChatReply(str(hit.get("text", "")), record, str(hit.get("reasoning") or ""),
+                         record.finish_reason, usage)
+
+    async def embed(self, texts: Sequence[str], *, model: str | None = None) -> list[list[float]]:
+        """Vectors for ``texts``, in order. Cached per text; the texts not cached go out as one request."""
+        m = await self._model(model)
+        record = self._record("embed", m)
+        self.bus.publish(RequestStarted(record))
+        try:
+            keys = [ReplyCache.embedding_key(base_url=self.endpoint.base_url, model=m, text=t) for t in texts]
+            cached: list[list[float] | None] = [None] * len(texts)
+            if self.cache is not None and self.settings.cache.policy != "off":
+                record.cache_lookup = True
+                cached = await self.cache.get_embeddings(keys)
+            missing = [i for i, v in enumerate(cached) if v is None]
+            record.cache_hit = not missing and bool(texts)
+            if missing:
+                body = json.dumps({"model": m, "input": [texts[i] for i in missing]}, ensure_ascii=False).encode()
+                stack, resp = await self._open("POST", "embeddings", body, record, stream=False, model=m)
+                async with stack:
+                    data = await resp.aread()
+                vectors = wire.parse_embeddings(
+                    data, status=resp.status, content_type=resp.headers.get("content-type", ""),
+                    where=self.endpoint.hostport,
+                )
+                if len(vectors) != len(missing):
+                    raise errors.ProtocolError(
+                        f"{self.endpoint.hostport} returned {len(vectors)} embeddings for {len(missing)} texts; "
+                        "the server is not OpenAI-compatible here"
+                    )
+                for i, vec in zip(missing, vectors, strict=True):
+                    cached[i] = vec
+                if self.cache is not None and self.settings.cache.policy != "off":
+                    await self.cache.put_embeddings([(keys[i], cached[i]) for i in missing])  # type: ignore[misc]
+            return [v for v in cached if v is not None]
+        except errors.APIError as exc:
+            _fail(record, exc)
+            raise
+        finally:
+            record.end_ns = time.perf_counter_ns()
+            self.bus.publish(RequestDone(record))
+
+
+class ChatStream:
+    """The async iterator ``ChatClient.stream`` returns. ``text``, ``reasoning`` and ``record`` fill as it runs."""
+
+    def __init__(self, client: ChatClient, messages: list[Message], model: str | None,
+                 params: dict[str, Any]) -> None:
+        self._client = client
+        self.messages = messages
+        self.model = model or client.model
+        self.params = params
+        self.record = client._record("stream", self.model)
+        self._parts: list[str] = []
+        self._reasoning: list[str] = []
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._gen = self._run()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._gen
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> ChatStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        bus = client.bus
+        try:
+            # t0 is when the request starts, not when the stream object was made. A model lookup the request
+            # needs is part of it: the user waits for it, and the connection it opens is this request's.
+            record.t0_ns, record.t0_mono_ns = time.perf_counter_ns(), time.monotonic_ns()
+            record.wall_start = time.time()
+            bus.publish(RequestStarted(record, self.messages))
+            if not self.model:
+                self.model = await client._model(None, record)
+            async for piece in self._replay_or_stream():
+                yield piece
+        except errors.APIError as exc:
+            exc.partial_text = self.text
+            exc.tokens_received = record.output_tokens or record.content_chunks
+            if isinstance(exc, errors.StreamCutError | errors.TimeoutError) and self._parts:
+                n = exc.tokens_received
+                kept = "1 token arrived and is kept" if n == 1 else f"{n} tokens arrived and are kept"
+                exc.args = (f"{exc} ({kept})",)
+            _fail(record, exc)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            record.cancelled = True
+            record.error_kind = "cancelled"
+            raise
+        finally:
+            if record.end_ns is None:
+                record.end_ns = time.perf_counter_ns()
+            if not record.usage_from_server:
+                record.output_tokens = record.content_chunks
+            bus.publish(RequestDone(record, self.text))
+
+    async def _replay_or_stream(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        cache = client.cache
+        if cache is not None and client.settings.cache.replay_streams and cache.policy_allows(self.params):
+            key = ReplyCache.chat_key(
+                base_url=client.endpoint.base_url, model=self.model, messages=self.messages, params=self.params
+            )
+            record.cache_lookup = True
+            hit = await cache.get_chat(key)
+            if hit is not None:
+                record.cache_hit = True
+                record.attempts = 0
+                for piece in replay_chunks(str(hit.get("text", ""))):
+                    self._on_content(piece, time.perf_counter_ns())
+                    yield piece
+                record.finish_reason = self.finish_reason = hit.get("finish_reason")
+                usage = hit.get("usage")
+                _apply_usage(record, usage if isinstance(usage, dict) else None, fallback_tokens=0)
+                return
+        async for piece in self._stream():
+            yield piece
+
+    def _on_content(self, text: str, now: int) -> None:
+        record = self.record
+        if record.first_token_ns is None:
+            record.first_token_ns = now
+            self._client.bus.publish(FirstToken(record))
+        record.last_token_ns = now
+        record.chunk_ns.append(now)
+        record.content_chunks += 1
+        self._parts.append(text)
+        if self._client.bus.wants(Chunk):
+            self._client.bus.publish(Chunk(record, text, now))
+
+    async def _stream(self) -> AsyncIterator[str]:
+        client, record = self._client, self.record
+        t = time.perf_counter_ns()
+        body = wire.chat_body(self.model, self.messages, self.params, stream=True)
+        record.encode_ns = time.perf_counter_ns() - t
+        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model)
+        _server_reports(record, resp, None)
+        async with stack:
+            ctype = resp.headers.get("content-type", "")
+            if "text/event-stream" not in ctype:
+                # Some servers ignore stream=true and send the whole reply; a proxy may send HTML.
+                data = await resp.aread()
+                reply = wire.parse_reply(data, status=resp.status, content_type=ctype,
+                                         where=client.endpoint.hostport)
+                now = time.perf_counter_ns()
+                if reply.content:
+                    self._on_content(reply.content, now)
+                    yield reply.content
+                self.finish_reason = record.finish_reason = reply.finish_reason
+                record.server_timing = reply.server_timing
+                _apply_usage(record, reply.usage, fallback_tokens=record.content_chunks)
+                return
+            decoder = SSEDecoder(extra_fields=("error",))
+            # A surrogate pair split across two chunks is joined; lone ones become U+FFFD (see _text).
+            answer_joiner, reasoning_joiner = SurrogateJoiner(), SurrogateJoiner()
+            done = False
+            chunks = resp.aiter_bytes()
+            async for raw in chunks:
+                now = time.perf_counter_ns()
+                if record.first_token_ns is None:
+                    record.decode_before_first_ns = record.decode_ns
+                events = decoder.feed(raw)
+                record.decode_ns += time.perf_counter_ns() - now
+                for event in events:
+                    data = event.data
+                    if event.event == "error":
+                        raise errors.ProtocolError(
+                            f"{client.endpoint.hostport} reported an error mid-stream: {_error_line(data)}; "
+                            "the partial reply is kept"
+                        )
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    if not data:
+                        continue
+                    t = time.perf_counter_ns()
+                    try:
+                        delta = wire.parse_chunk(data)
+                    except wire.StreamError as exc:
+                        where = client.endpoint.hostport
+                        raise errors.ProtocolError(f"{where}: {exc}; the partial reply is kept") from None
+                    record.decode_ns += time.perf_counter_ns() - t
+                    content, reasoning = delta.content, delta.reasoning
+                    if delta.suspect or answer_joiner.holding or reasoning_joiner.holding:
+                        content = answer_joiner.feed(content)
+                        reasoning = reasoning_joiner.feed(reasoning)
+                        record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
+                    if content:
+                        self._on_content(content, now)
+                        yield content
+                    if reasoning:
+                        self._reasoning.append(reasoning)
+                    if delta.finish_reason:
+                        self.finish_reason = record.finish_reason = delta.finish_reason
+                    if delta.usage is not None:
+                        self.usage = delta.usage
+                        _apply_usage(record, delta.usage, fallback_tokens=record.content_chunks)
+                    if delta.server_timing:
+                        record.server_timing = delta.server_timing
+                    if delta.timings:
+                        record.server_reported = delta.timings
+                if done:
+                    break
+            tail, reasoning_tail = answer_joiner.flush(), reasoning_joiner.flush()
+            if reasoning_tail:
+                self._reasoning.append(reasoning_tail)
+            if tail:
+                self._on_content(tail, time.perf_counter_ns())
+                yield tail
+            record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
+            record.end_ns = time.perf_counter_ns()
+            if not done and self.finish_reason is None:
+                raise errors.StreamCutError(
+                    f"the stream from {client.endpoint.hostport} ended without [DONE] or a finish_reason "
+                    "(the connection closed early); try again"
+                )
+            if done:
+                await _drain(chunks)
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    # The end of the body (HTTP/1.1's last chunk) follows [DONE]; a response closed before it is read makes
+    # httpcore drop the connection, so every stream would cost the next request a reconnect. Bounded: a server
+    # that holds the body open after [DONE] loses its connection instead of stalling the caller.
+    with contextlib.suppress(errors.APIError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in chunks:
+                pass
+
+
+def _server_reports(record: TimingRecord, resp: WireResponse, timings: dict[str, float] | None) -> None:
+    """Keep what the server says about its own time: OpenAI's processing header, llama.cpp's timings."""
+    header = resp.headers.get("openai-processing-ms")
+    if header:
+        try:
+            record.server_processing_ms = float(header)
+        except ValueError:
+            pass  # a malformed header is no reason to fail a reply
+    if timings:
+        record.server_reported = timings
+
+
+def _error_line(data: str) -> str:
+    try:
+        return wire.error_text(json.loads(data))
+    except (ValueError, AttributeError):
+        return data.strip()[:120] or "no detail"
+
+
+def _apply_usage(record: TimingRecord, usage: Mapping[str, Any] | None, *, fallback_tokens: int) -> None:
+    if usage and isinstance(usage.get("completion_tokens"), int):
+        record.output_tokens = usage["completion_tokens"]
+        record.usage_from_server = True
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.prompt_tokens = usage["prompt_tokens"]
+    elif not record.usage_from_server:
+        record.output_tokens = fallback_tokens
+
+
+def _fail(record: TimingRecord, exc: errors.APIError) -> None:
+    exc.record = record
+    record.error = str(exc)
+    record.error_kind = exc.kind
+    if exc.status is not None:
+        record.status = exc.status

@@ -1,0 +1,809 @@
+"""The transport: one shared connection pool per provider on httpx, and the trace hook that stamps phases.
+
+This is the only module that imports httpx (httpx has had no release since 0.28.1; keeping it behind one seam
+means a fork or another client can replace it). Everything above sees ``WireResponse`` and llmchat's own
+errors, never httpx types.
+
+HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
+llama.cpp and vLLM speak no h2c); ``"h2c"`` speaks HTTP/2 with prior knowledge over plain http (llmchat's own
+server does); ``false`` is HTTP/1.1 only. The version actually used is read from each response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h11
+import httpcore
+import httpx
+
+import llmchat.core.errors as errors
+from llmchat.core.config import HttpSettings, mask_url
+from llmchat.core.observe import Phases
+
+_VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
+
+#: What can come out of httpx: its own errors, and what it lets through unmapped (h2's and h11's protocol
+#: errors, httpcore's ConnectionNotAvailable) from a response body or an odd path. All become llmchat errors.
+_WIRE_ERRORS = (httpx.HTTPError, h2.exceptions.H2Error, h11.ProtocolError, httpcore.ConnectionNotAvailable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """Where and how to talk to one provider. ``api_key`` is masked in repr."""
+
+    name: str
+    base_url: str
+    api_key: str | None = None
+    api_key_source: str = "none"
+    api_key_hint: str = ""
+    """With no key: which flag or config key would send one (for a 401's message)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    http: HttpSettings = field(default_factory=HttpSettings)
+
+    def __repr__(self) -> str:
+        key = "None" if self.api_key is None else "'***'"
+        return (f"Endpoint(name={self.name!r}, base_url={mask_url(self.base_url)!r}, api_key={key}, "
+                f"http={self.http!r})")
+
+    @property
+    def hostport(self) -> str:
+        parts = urlsplit(self.base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return f"{parts.hostname}:{port}"
+
+
+class WireResponse:
+    """An open response: status, headers, the HTTP version, and the body as raw byte chunks.
+
+    Iterating the body raises llmchat errors (``StreamCutError``, ``TimeoutError``), never httpx ones.
+    """
+
+    __slots__ = ("_resp", "_endpoint", "status", "headers", "http_version")
+
+    def __init__(self, resp: httpx.Response, endpoint: Endpoint) -> None:
+        self._resp = resp
+        self._endpoint = endpoint
+        self.status = resp.status_code
+        self.headers: Mapping[str, str] = resp.headers
+        self.http_version = _VERSIONS.get(resp.http_version, resp.http_version)
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except _WIRE_ERRORS as exc:
+            raise _body_error(exc, self._endpoint) from None
+
+    async def aread(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except _WIRE_ERRORS as exc:
+            raise _body_error(exc, self._endpoint) from None
+
+
+def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
+    if http.verify is False:
+        return False
+    if isinstance(http.verify, str):
+        # httpx 0.28 deprecates verify=<path>; a context built here also makes a bad path a clear error.
+        path = os.path.expanduser(http.verify)
+        try:
+            if os.path.isdir(path):
+                return ssl.create_default_context(capath=path)
+            return ssl.create_default_context(cafile=path)
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.ConfigError(
+                f"http.verify: cannot load the CA bundle {path} ({exc.__class__.__name__}: "
+                f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file or set it to true"
+            ) from None
+    file = os.environ.get("SSL_CERT_FILE") if http.trust_env else None
+    folder = os.environ.get("SSL_CERT_DIR") if http.trust_env else None
+    try:
+        return _default_context(bool(http.http2), http.trust_env, file, folder)
+    except (OSError, ssl.SSLError) as exc:
+        where = f"SSL_CERT_FILE={file}" if file else f"SSL_CERT_DIR={folder}" if folder else "certifi's CAs"
+        raise errors.ConfigError(
+            f"cannot load the CA certificates from {where} ({exc.__class__.__name__}: "
+            f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set "
+            "http.trust_env to false"
+        ) from None
+
+
+def _first_use(http: HttpSettings) -> ssl.SSLContext | bool:
+    """The SSL context, and the import that httpcore leaves to its first request: anyio's asyncio backend,
+    ~30 ms that would show in that request's pool wait. Runs in a worker thread."""
+    importlib.import_module("anyio._backends._asyncio")
+    return _ssl_context(http)
+
+
+@functools.lru_cache(maxsize=8)
+def _default_context(
+    http2: bool, trust_env: bool, cert_file: str | None, cert_dir: str | None
+) -> ssl.SSLContext:
+    # Left to itself httpx builds a context per client and loads every CA certificate into it: ~50 ms of CPU
+    # on the event loop in the first request of each new pool, http:// ones included. One per process instead.
+    # Keyed by what makes two contexts differ: the ALPN list httpcore sets on it per connection (http2), and
+    # the variables httpx reads (SSL_CERT_FILE / SSL_CERT_DIR, only when trust_env is on).
+    return httpx.create_ssl_context(verify=True, trust_env=trust_env)
+
+
+def _build_client(
+    endpoint: Endpoint, verify: ssl.SSLContext | bool, *, connections: int, keepalive: int
+) -> httpx.AsyncClient:
+    http = endpoint.http
+    h2c = http.http2 == "h2c"
+    headers = {"Accept-Encoding": "identity", "User-Agent": "llmchat"}
+    headers.update(endpoint.headers)
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify=False)
+    limits = httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=keepalive,
+        keepalive_expiry=http.keepalive_expiry_s,
+    )
+    # h2c: HTTP/2 only, which httpx speaks with prior knowledge on http:// URLs.
+    http1, http2 = not h2c, bool(http.http2)
+    return httpx.AsyncClient(
+        base_url=endpoint.base_url.rstrip("/") + "/",
+        headers=headers,
+        transport=_transport(http, context, limits, http1=http1, http2=http2),
+        # Still given for the proxies httpx mounts from the environment (they keep httpcore's own pool).
+        http1=http1,
+        http2=http2,
+        verify=context,
+        trust_env=http.trust_env,
+        limits=limits,
+        timeout=httpx.Timeout(
+            connect=http.connect_timeout_s,
+            read=http.read_timeout_s,
+            write=http.write_timeout_s,
+            pool=http.pool_timeout_s,
+        ),
+        follow_redirects=False,
+    )
+
+
+def _http11_only(endpoint: Endpoint) -> bool:
+    # httpx speaks h2 only by ALPN over https or with prior knowledge (h2c): http2 = true over http:// is 1.1.
+    http2 = endpoint.http.http2
+    return http2 is False or (http2 is True and urlsplit(endpoint.base_url).scheme == "http")
+
+
+# -- Connections with a life cycle ----------------------------------------------------------------------
+# A server retires a connection after so many requests (nginx's keepalive_requests, 1,000 by default, for
+# HTTP/1.1 and HTTP/2 alike): over HTTP/1.1 with "Connection: close" on the last response, which httpcore
+# honours; over HTTP/2 with a GOAWAY naming the last stream it took, after which it finishes the streams up to
+# that one and closes. httpcore and h2 treat that GOAWAY as the death of every stream on the connection: h2's
+# state machine closes on it (python-hyper/h2#1181) and every later frame, the replies in flight included,
+# raises "Invalid input RECV_DATA in state CLOSED", which httpcore lets escape unmapped from a body. The
+# classes below keep httpcore's pool and connections and change only that: a connection that got a GOAWAY, or
+# that reached http.max_requests_per_connection, takes no new stream, lets the ones in flight finish, and
+# closes when the last one ends; a stream the server never took fails with ``_NotProcessed``, which the retry
+# layer sends again at once on a fresh connection. They touch httpcore's and h2's private names, each pinned
+# by tests/test_transport_lifecycle.py.
+
+class _GracefulH2State(h2.connection.H2Connection):
+    """h2's connection state, for which a GOAWAY received ends nothing by itself (python-hyper/h2#1181)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        # h2's own, less what makes a GOAWAY the end of every stream at once: its state machine's move to
+        # CLOSED, after which every frame raises "Invalid input ... in state CLOSED", and dropping the frames
+        # queued to send, another request's HEADERS among them (the server then gets DATA on a stream it never
+        # saw opened, and fails the whole connection).
+        event = h2.events.ConnectionTerminated()
+        try:
+            event.error_code = h2.errors.ErrorCodes(frame.error_code)
+        except ValueError:
+            event.error_code = frame.error_code
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
+class _NotProcessed(httpcore.RemoteProtocolError):
+    """The server never took this request: its stream is above the last stream id of the server's GOAWAY.
+
+    A ``RemoteProtocolError`` so that httpx maps it as it maps httpcore's own, with this as the cause."""
+
+    def __init__(self, goaway: h2.events.ConnectionTerminated, stream_id: int | None) -> None:
+        before = f"stream {stream_id}" if stream_id is not None else "this stream"
+        super().__init__(f"GOAWAY with last stream {goaway.last_stream_id}, before {before}")
+        self.error_code = goaway.error_code
+
+
+class _Retiring:
+    """What both kinds of connection add to httpcore's: once ``_draining()`` (by default: ``max_requests``
+    requests started, 0 never) a connection is not available and refuses a request assigned to it before,
+    with ConnectionNotAvailable, which the pool reassigns (nothing was sent)."""
+
+    def __init__(
+        self, *, origin: httpcore.Origin, stream: httpcore.AsyncNetworkStream, keepalive_expiry: float | None,
+        max_requests: int,
+    ) -> None:
+        super().__init__(origin=origin, stream=stream, keepalive_expiry=keepalive_expiry)  # type: ignore[call-arg]
+        self._max_requests = max_requests
+        self._started = 0
+
+    def _draining(self) -> bool:
+        return 0 < self._max_requests <= self._started
+
+    def is_available(self) -> bool:
+        return not self._draining() and super().is_available()  # type: ignore[misc]
+
+    def handle_async_request(
+        self, request: httpcore.Request
+    ) -> Coroutine[Any, Any, httpcore.Response]:
+        # Not a coroutine itself but httpcore's, returned: one await less per request. The pool calls this
+        # inside the try that catches ConnectionNotAvailable.
+        if self._draining():
+            raise httpcore.ConnectionNotAvailable()
+        self._started += 1
+        return super().handle_async_request(request)  # type: ignore[misc, no-any-return]
+
+
+class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
+    """httpcore's HTTP/2 connection: honours a GOAWAY, retires after ``max_requests`` streams (0: never).
+
+    Draining (a GOAWAY received, or the limit reached), it takes no new stream, so the pool opens another
+    connection for new requests; the streams in flight go on, and the connection closes when the last of them
+    ends.
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        self._goaway: h2.events.ConnectionTerminated | None = None
+        self._last_taken = 0  # the GOAWAY's last stream id: the streams above it the server never took
+        super().__init__(**kw)
+        # Unused so far (httpcore makes it in __init__ and first touches it with the first request).
+        self._h2_state = _GracefulH2State(config=self.CONFIG)
+
+    def _draining(self) -> bool:
+        return self._goaway is not None or super()._draining()
+
+    # httpcore keeps a GOAWAY here and, once it is set, fails every stream on the connection before each
+    # read, the server's last one and those before it included. It is kept in _goaway instead.
+    @property
+    def _connection_terminated(self) -> None:
+        return None
+
+    @_connection_terminated.setter
+    def _connection_terminated(self, event: h2.events.ConnectionTerminated | None) -> None:
+        if event is None:
+            return
+        last = event.last_stream_id or 0
+        if self._goaway is None or last < self._last_taken:
+            self._goaway, self._last_taken = event, last
+            # httpcore writes ~17 times per request: only a connection that got a GOAWAY pays for this.
+            self._write_outgoing_data = self._write_after_goaway  # type: ignore[method-assign]
+
+    # The next two are not coroutines themselves but return httpcore's (an await less, several times a
+    # request), or, once a GOAWAY came, the ones below that look at it first.
+    def _receive_events(
+        self, request: httpcore.Request, stream_id: int | None = None
+    ) -> Coroutine[Any, Any, None]:
+        if self._goaway is None:
+            return super()._receive_events(request, stream_id)
+        return self._receive_after_goaway(request, stream_id)
+
+    def _read_incoming_data(
+        self, request: httpcore.Request
+    ) -> Coroutine[Any, Any, list[h2.events.Event]]:
+        if self._goaway is None:
+            return super()._read_incoming_data(request)
+        return self._read_after_goaway(request)
+
+    async def _read_after_goaway(self, request: httpcore.Request) -> list[h2.events.Event]:
+        # Called under the read lock, once httpcore found no event waiting for the caller's stream.
+        if self._goaway is not None and self._drained():
+            # Every stream the server took has ended, so the caller's is past the GOAWAY (sent before it was
+            # known), and nothing more will come: a server that waits for the client to close would leave this
+            # read hanging until the read timeout.
+            raise _NotProcessed(self._goaway, None)
+        return await super()._read_incoming_data(request)
+
+    async def _receive_after_goaway(self, request: httpcore.Request, stream_id: int | None) -> None:
+        self._check_taken(stream_id)
+        try:
+            await super()._receive_events(request, stream_id)
+        except (httpcore.RemoteProtocolError, httpcore.ReadError):
+            # A server that drained its streams closes the connection: one it never took is still unprocessed.
+            self._check_taken(stream_id)
+            raise
+
+    async def _write_after_goaway(self, request: httpcore.Request) -> None:
+        # After a GOAWAY the server may close once its last reply is out, while this side still owes it
+        # flow-control frames for replies it has received: those are lost, not the replies. A reply still due
+        # fails on the read side instead, where it is told as it is.
+        with contextlib.suppress(httpcore.WriteError):
+            await httpcore.AsyncHTTP2Connection._write_outgoing_data(self, request)
+
+    def _drained(self) -> bool:
+        """Whether each stream in flight is past the GOAWAY or ended (h2 has its END_STREAM, or a reset)."""
+        last = self._last_taken
+        streams = self._h2_state.streams
+        return all(sid > last or sid not in streams or streams[sid].closed for sid in self._events)
+
+    def _check_taken(self, stream_id: int | None) -> None:
+        goaway = self._goaway
+        if goaway is not None and stream_id is not None and stream_id > self._last_taken:
+            raise _NotProcessed(goaway, stream_id)
+
+    async def _response_closed(self, stream_id: int) -> None:
+        await super()._response_closed(stream_id)
+        if self._draining() and not self._events and not self.is_closed():
+            await self.aclose()
+
+
+class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
+    """httpcore's HTTP/1.1 connection that closes after ``max_requests`` responses (0: never)."""
+
+    async def _response_closed(self) -> None:
+        await super()._response_closed()
+        if self._draining() and not self.is_closed():
+            await self.aclose()
+
+
+class _Connection(httpcore.AsyncHTTPConnection):
+    """httpcore's connection, speaking through ``_H2Connection`` / ``_H11Connection`` once connected."""
+
+    def __init__(self, *, max_requests: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._max_requests = max_requests
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        # httpcore's own, with the two classes above in place of its own (it names them inside this method).
+        if not self.can_handle_request(request.url.origin):
+            raise RuntimeError(f"request to {request.url.origin} on a connection to {self._origin}")
+        try:
+            async with self._request_lock:
+                if self._connection is None:
+                    stream = await self._connect(request)
+                    ssl_object = stream.get_extra_info("ssl_object")
+                    alpn_h2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
+                    kind = _H2Connection if alpn_h2 or (self._http2 and not self._http1) else _H11Connection
+                    self._connection = kind(
+                        origin=self._origin, stream=stream, keepalive_expiry=self._keepalive_expiry,
+                        max_requests=self._max_requests,
+                    )
+        except BaseException:
+            self._connect_failed = True
+            raise
+        return await self._connection.handle_async_request(request)
+
+
+class _Pool(httpcore.AsyncConnectionPool):
+    """httpcore's pool, making ``_Connection``s."""
+
+    def __init__(self, *, max_requests: int, network_backend: httpcore.AsyncNetworkBackend | None = None,
+                 **kw: Any) -> None:
+        super().__init__(network_backend=network_backend, **kw)
+        self._max_requests = max_requests
+        self._kw = dict(
+            ssl_context=kw.get("ssl_context"), keepalive_expiry=kw.get("keepalive_expiry"),
+            http1=kw.get("http1", True), http2=kw.get("http2", False), network_backend=network_backend,
+        )
+
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
+        return _Connection(origin=origin, max_requests=self._max_requests, **self._kw)
+
+
+def _transport(http: HttpSettings, verify: ssl.SSLContext, limits: httpx.Limits, *, http1: bool,
+               http2: bool) -> httpx.AsyncHTTPTransport:
+    transport = httpx.AsyncHTTPTransport(verify=verify, http1=http1, http2=http2, limits=limits,
+                                         trust_env=http.trust_env)
+    # httpx has no hook for the pool it builds; the one it holds (a private name, pinned by a test) is swapped
+    # for ours with the same settings.
+    transport._pool = _Pool(
+        ssl_context=verify, max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+        http1=http1, http2=http2, max_requests=http.max_requests_per_connection,
+    )
+    return transport
+
+
+class Transport:
+    """One provider's connection pool. ``prepare()`` builds it ahead of the first request (``ChatClient`` does
+    on entering); else the first request does, and its record keeps that apart as setup time. ``aclose()``
+    closes it.
+
+    A pool that may speak HTTP/2 is one httpx client: its requests share a multiplexed connection. An
+    HTTP/1.1-only pool queues here instead: a semaphore of ``max_connections`` slots, each slot a
+    one-connection httpx client, taken lowest first, so a lone request always finds the warm connection and
+    the slots past ``max_keepalive_connections`` are the ones that close when idle. httpcore's own pool scans
+    every connection several times per request, with a poll() on each idle one: at 100 streams in flight
+    that cost more CPU than the streams themselves (benchmarks/client_overhead.py).
+    """
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._verify: ssl.SSLContext | bool | None = None
+        self._clients: list[httpx.AsyncClient | None] = []
+        # HTTP/1.1-only pools: which slots have a request in flight, and the queue for a free one.
+        self._busy: list[bool] = []
+        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return any(c is not None for c in self._clients)
+
+    def _open(self) -> None:
+        http = self.endpoint.http
+        per_slot = _http11_only(self.endpoint) and http.max_connections > 1
+        self._clients = [None] * (http.max_connections if per_slot else 1)
+        if per_slot:
+            self._busy = [False] * http.max_connections
+            self._slots = asyncio.Semaphore(http.max_connections)
+
+    def _client(self, slot: int) -> httpx.AsyncClient:
+        """Build slot ``slot``'s client (and the SSL context, if ``prepare`` has not)."""
+        http = self.endpoint.http
+        if self._verify is None:
+            self._verify = _ssl_context(http)
+        if self._slots is None:
+            connections, keepalive = http.max_connections, http.max_keepalive_connections
+        else:
+            connections, keepalive = 1, int(slot < http.max_keepalive_connections)
+        client = self._clients[slot] = _build_client(
+            self.endpoint, self._verify, connections=connections, keepalive=keepalive
+        )
+        return client
+
+    async def prepare(self) -> None:
+        """Build the SSL context and the first slot's client now, so no request waits for them.
+
+        Loading the CA certificates is ~50 ms of CPU: it runs in a worker thread, off the event loop (a chat
+        app's), with the import httpcore would make on the first request. Never raises for a bad CA bundle:
+        the request that needs it does, as before. Safe to call again, and concurrently.
+        """
+        if not self._clients:
+            self._open()
+        if self._verify is None:
+            try:
+                verify = await asyncio.to_thread(_first_use, self.endpoint.http)
+            except errors.ConfigError:
+                return  # an unusable CA bundle: the first request meets it and says so, as it always did
+            if self._verify is None:
+                self._verify = verify
+        if self._clients and self._clients[0] is None:
+            self._client(0)
+
+    async def _acquire(self) -> int:
+        """A free slot, waiting up to http.pool_timeout_s for one; always 0 in a one-client pool."""
+        if not self._clients:
+            self._open()
+        slots = self._slots
+        if slots is None:
+            return 0
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self.endpoint.http.pool_timeout_s):
+                    await slots.acquire()
+            except TimeoutError:
+                raise _pool_timeout(self.endpoint) from None
+        else:
+            await slots.acquire()  # a slot is free: this returns without yielding
+        slot = self._busy.index(False)
+        self._busy[slot] = True
+        return slot
+
+    def _release(self, slot: int) -> None:
+        if self._slots is not None:
+            self._busy[slot] = False
+            self._slots.release()
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, []
+        self._busy, self._slots = [], None
+        await asyncio.gather(*(c.aclose() for c in clients if c is not None))
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        phases: Phases,
+        stream: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[WireResponse]:
+        """Send one request and yield the open response (headers read, body not yet).
+
+        ``phases`` receives the stamps of this attempt; the wait for a free connection is in its pool wait,
+        and building a slot's client on the way (a first request without ``prepare``) in its ``setup_ns``.
+        Failures before the headers raise ``ConnectError``, ``TLSError``, ``TimeoutError`` (``phase="pool"``
+        when no connection came free in time) or ``DisconnectedError``; the body's own failures surface while
+        iterating.
+        """
+        phases.start_ns = time.perf_counter_ns()
+        slot = await self._acquire()
+        try:
+            client = self._clients[slot]
+            if client is None:
+                setup = time.perf_counter_ns()
+                client = self._client(slot)
+                phases.setup_ns = time.perf_counter_ns() - setup
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            if stream:
+                headers["Accept"] = "text/event-stream"
+            if extra_headers:
+                headers.update(extra_headers)
+            req = client.build_request(method, path.lstrip("/"), content=body, headers=headers)
+            req.extensions["trace"] = _tracer(phases)
+            try:
+                resp = await client.send(req, stream=True)
+            except _WIRE_ERRORS as exc:
+                raise _send_error(exc, self.endpoint, phases) from None
+            phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
+            try:
+                yield WireResponse(resp, self.endpoint)
+            finally:
+                # Cancellation (Esc) lands here too: closing releases or drops the connection at once. A
+                # connection that fails to close is gone all the same; the reply (or its own error) stands.
+                try:
+                    await asyncio.shield(resp.aclose())
+                except _WIRE_ERRORS:
+                    pass
+        finally:
+            self._release(slot)
+
+
+#: httpcore's trace events (after the "connection." / "http11." / "http2." prefix) -> the Phases stamp they set.
+_STAMPS = {
+    "connect_tcp.started": "connect_start_ns",
+    "connect_tcp.complete": "connect_end_ns",
+    "start_tls.started": "tls_start_ns",
+    "start_tls.complete": "tls_end_ns",
+    "send_request_headers.started": "send_start_ns",
+    "send_request_body.complete": "send_end_ns",
+    "receive_response_headers.complete": "headers_ns",
+}
+
+
+def _tracer(phases: Phases) -> Any:
+    # httpcore calls this for each phase with names like "connection.connect_tcp.started",
+    # "http11.send_request_headers.started" or "http2.receive_response_headers.complete". A request
+    # multiplexed on an open HTTP/2 connection sees no "connection.*" events: that is how reuse shows.
+    async def trace(name: str, info: Mapping[str, Any]) -> None:
+        now = time.perf_counter_ns()
+        stamp = _STAMPS.get(name.partition(".")[2])
+        if stamp is not None:
+            setattr(phases, stamp, now)
+
+    return trace
+
+
+def _cause_chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def _refused(exc: BaseException) -> bool:
+    # anyio wraps a refusal as OSError("All connection attempts failed") from ConnectionRefusedError, whose
+    # text ("Connect call failed") never says "refused"; with several addresses the causes are in a group.
+    for e in _cause_chain(exc):
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        if isinstance(e, BaseExceptionGroup) and any(_refused(sub) for sub in e.exceptions):
+            return True
+    return False
+
+
+def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
+    http = ep.http
+    return errors.TimeoutError(
+        f"no free connection to {ep.hostport} within {http.pool_timeout_s:g} s (http.pool_timeout_s); "
+        f"too many requests in flight for http.max_connections = {http.max_connections}",
+        phase="pool",
+    )
+
+
+def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError:
+    """The llmchat error for a failure before the response headers (``exc`` is one of ``_WIRE_ERRORS``)."""
+    where = ep.hostport
+    text = " ".join(str(e) for e in _cause_chain(exc)).lower()
+    http = ep.http
+    if isinstance(exc, httpx.PoolTimeout):
+        return _pool_timeout(ep)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return errors.TimeoutError(
+            f"connecting to {where} timed out after {http.connect_timeout_s:g} s; check the host is up and "
+            "reachable, or raise http.connect_timeout_s",
+            phase="connect",
+        )
+    if isinstance(exc, httpx.ReadTimeout):
+        return errors.TimeoutError(
+            f"{where} sent no response for {http.read_timeout_s:g} s (http.read_timeout_s); the server is "
+            "stalled or overloaded: try again or raise http.read_timeout_s",
+            phase="read",
+        )
+    if isinstance(exc, httpx.WriteTimeout):
+        return errors.TimeoutError(
+            f"sending the request to {where} timed out after {http.write_timeout_s:g} s; "
+            "raise http.write_timeout_s",
+            phase="write",
+        )
+    protocol = _protocol_error(exc, ep, phases)
+    if protocol is not None:
+        return protocol
+    if any(isinstance(e, ssl.SSLError) for e in _cause_chain(exc)) or "ssl" in text or "certificate" in text:
+        reason = next((str(e) for e in _cause_chain(exc) if isinstance(e, ssl.SSLError)), str(exc))
+        return errors.TLSError(
+            f"TLS handshake with {where} failed ({_short(reason)}); for a self-signed server set "
+            "http.verify to its CA file (or false for a local test server); check base_url's scheme"
+        )
+    if isinstance(exc, httpx.ConnectError):
+        if any(s in text for s in ("name or service not known", "nodename nor servname", "temporary failure in "
+                                   "name resolution", "no address associated", "name resolution", "getaddrinfo")):
+            host = urlsplit(ep.base_url).hostname
+            return errors.ConnectError(
+                f"cannot resolve host {host} (DNS lookup failed); check the spelling of base_url for "
+                f"provider {ep.name!r} and your network"
+            )
+        if "refused" in text or _refused(exc):
+            return errors.ConnectError(
+                f"connection refused by {where}: nothing is listening there; start a local server with "
+                f"`llmchat serve` or check base_url for provider {ep.name!r}"
+            )
+        return errors.ConnectError(f"cannot connect to {where} ({_short(str(exc))}); check base_url and the network")
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return errors.ConfigError(
+            f"base_url {ep.base_url!r} for provider {ep.name!r} is not an http:// or https:// URL; fix base_url"
+        )
+    if isinstance(exc, httpx.ProxyError):
+        return errors.ConnectError(
+            f"the proxy to {where} failed ({_short(str(exc))}); check HTTPS_PROXY / HTTP_PROXY, or set "
+            "http.trust_env to false"
+        )
+    return errors.ConnectError(
+        f"request to {where} failed before a response ({exc.__class__.__name__}: {_short(str(exc))}); try again"
+    )
+
+
+def _protocol_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError | None:
+    """A failure before the response that the protocol explains, by type: a request the server did not take
+    (GOAWAY past it, REFUSED_STREAM, a connection closed unanswered), a reset, a broken HTTP/2 or HTTP/1.1
+    exchange. None for the others (timeouts, connect and TLS failures)."""
+    where = ep.hostport
+    unprocessed = _find(exc, _NotProcessed)
+    if unprocessed is not None:
+        return errors.DisconnectedError(
+            f"{where} retired its HTTP/2 connection (GOAWAY, {_code(unprocessed.error_code)}) before taking "
+            "this request, so it was not processed; try again",
+            reused=True, reason="goaway",
+        )
+    event = _h2_event(exc)
+    if isinstance(event, h2.events.StreamReset):
+        if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
+            return errors.DisconnectedError(
+                f"{where} refused the request (HTTP/2 REFUSED_STREAM), so it was not processed; try again",
+                reused=True, reason="refused stream",
+            )
+        return errors.ConnectError(
+            f"{where} reset the request before answering (HTTP/2 {_code(event.error_code)}); try again"
+        )
+    if isinstance(event, h2.events.ConnectionTerminated):
+        return errors.DisconnectedError(
+            f"{where} closed its HTTP/2 connection before answering (GOAWAY, {_code(event.error_code)}); "
+            "try again",
+            reused=True, reason="goaway",
+        )
+    h2_error = _find(exc, h2.exceptions.H2Error)
+    if h2_error is not None:
+        return errors.ConnectError(
+            f"the HTTP/2 connection to {where} broke before the response ({_named(h2_error)}); try again"
+        )
+    h11_error = _find(exc, h11.ProtocolError)
+    if isinstance(h11_error, h11.LocalProtocolError):
+        return errors.ProtocolError(
+            f"the request to {where} is not valid HTTP/1.1 ({_short(str(h11_error))}); check the headers "
+            f"configured for provider {ep.name!r}"
+        )
+    if h11_error is not None:
+        return errors.ProtocolError(
+            f"{where} sent a response that is not valid HTTP/1.1 ({_short(str(h11_error))}); check that "
+            "base_url points at an OpenAI-compatible API"
+        )
+    if isinstance(exc, httpcore.ConnectionNotAvailable):
+        return errors.ConnectError(f"no connection to {where} could take the request; try again")
+    # What is left of the protocol errors has no type of its own: httpcore's "Server disconnected" (HTTP/2)
+    # and "... without sending a response" (HTTP/1.1). A reset or broken pipe before any response byte is the
+    # same case, on a kept-alive connection or a new one (a TLS port given plain http resets or closes,
+    # depending on whether it read the request first): the server closed it, unanswered.
+    closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError)
+    if not closed:
+        return None
+    if not phases.reused:
+        # A fresh connection closed unanswered is most often plain http:// sent to a TLS port.
+        return errors.DisconnectedError(
+            f"{where} closed a new connection without sending a response; if it serves HTTPS, make "
+            "base_url start with https://, else try again",
+            reused=False,
+        )
+    return errors.DisconnectedError(
+        f"{where} closed the connection without sending a response; it may have been restarted, or it "
+        "closes kept-alive connections: try again",
+        reused=True,
+    )
+
+
+def _body_error(exc: Exception, ep: Endpoint) -> errors.APIError:
+    """The llmchat error for a failure while reading a response body (``exc`` is one of ``_WIRE_ERRORS``)."""
+    where = ep.hostport
+    if isinstance(exc, httpx.ReadTimeout):
+        return errors.TimeoutError(
+            f"{where} stopped sending for {ep.http.read_timeout_s:g} s (http.read_timeout_s) mid-reply; "
+            "the server stalled: try again or raise http.read_timeout_s",
+            phase="read",
+        )
+    event = _h2_event(exc)
+    if isinstance(event, h2.events.StreamReset):
+        return errors.StreamCutError(
+            f"{where} reset the stream mid-reply (HTTP/2 {_code(event.error_code)}); try again"
+        )
+    h2_error = _find(exc, h2.exceptions.H2Error)
+    h11_error = _find(exc, h11.ProtocolError)
+    if isinstance(event, h2.events.ConnectionTerminated):
+        detail = f"GOAWAY, {_code(event.error_code)}"
+    elif h2_error is not None:
+        detail = f"HTTP/2 {_named(h2_error)}"
+    elif h11_error is not None:
+        detail = f"invalid HTTP/1.1: {_short(str(h11_error))}"
+    else:
+        detail = _short(str(exc)) or exc.__class__.__name__
+    return errors.StreamCutError(f"the connection to {where} dropped mid-reply ({detail}); try again")
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _find(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The first exception of ``kind`` in ``exc``'s chain of causes, ``exc`` included."""
+    return next((e for e in _cause_chain(exc) if isinstance(e, kind)), None)
+
+
+def _h2_event(exc: BaseException) -> h2.events.Event | None:
+    # httpcore raises RemoteProtocolError(event) for a reset stream and for a GOAWAY: the h2 event is its
+    # argument, and httpx keeps that error as the cause of its own.
+    for e in _cause_chain(exc):
+        if isinstance(e, httpcore.RemoteProtocolError) and e.args and isinstance(e.args[0], h2.events.Event):
+            return e.args[0]
+    return None
+
+
+def _code(code: object) -> str:
+    """An HTTP/2 error code by its RFC 9113 name: ``NO_ERROR``, ``REFUSED_STREAM`` ..."""
+    try:
+        return h2.errors.ErrorCodes(cast(int, code)).name
+    except ValueError:
+        return f"error code {code}"
+
+
+def _named(exc: BaseException) -> str:
+    text = _short(str(exc))
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -1,0 +1,58 @@
+"""Load through the engine: bench scenarios and their statistics, bulk jobs, the Locust user."""
+
+from __future__ import annotations
+
+from llmchat.core.load._jobs import (
+    Job,
+    JobSummary,
+    OutputLock,
+    check_output,
+    drop_failed,
+    open_output,
+    read_done,
+    read_jobs,
+    run_jobs,
+    split_lines,
+)
+from llmchat.core.load._prompts import PromptPlan
+from llmchat.core.load._run import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
+from llmchat.core.load._stats import (
+    CLIENT_ERRORS,
+    EXACT_LIMIT,
+    METRIC_NAMES,
+    METRICS,
+    QUANTILES,
+    RELATIVE_ERROR,
+    SLO,
+    ConfigStats,
+    compare_rows,
+)
+
+__all__ = [
+    "CLIENT_ERRORS",
+    "CONFIGS",
+    "ConfigStats",
+    "EXACT_LIMIT",
+    "Job",
+    "JobSummary",
+    "LoadRun",
+    "METRICS",
+    "METRIC_NAMES",
+    "OutputLock",
+    "PromptPlan",
+    "QUANTILES",
+    "RELATIVE_ERROR",
+    "SLO",
+    "Sample",
+    "Scenario",
+    "Target",
+    "check_output",
+    "compare_rows",
+    "drop_failed",
+    "open_output",
+    "parse_configs",
+    "read_done",
+    "read_jobs",
+    "run_jobs",
+    "split_lines",
+]

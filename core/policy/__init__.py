@@ -1,0 +1,17 @@
+"""What the client decides around a request: retries (tenacity), the reply cache (diskcache, no pickle) and
+micro-batching.
+"""
+
+from __future__ import annotations
+
+from llmchat.core.policy._batcher import MicroBatcher
+from llmchat.core.policy._cache import ReplyCache, replay_chunks
+from llmchat.core.policy._retry import RetryEvent, call_with_retries
+
+__all__ = [
+    "MicroBatcher",
+    "ReplyCache",
+    "RetryEvent",
+    "call_with_retries",
+    "replay_chunks",
+]
