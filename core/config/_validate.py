@@ -125,6 +125,8 @@ RULES: dict[str, Rule] = {
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,
+    "server.batch_turnaround_s": _NON_NEGATIVE_SECONDS,
+    "server.batch_fail_share": _PROBABILITY,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).
