@@ -118,6 +118,11 @@ class BatchSettings:
     """...or when the first of them has waited this long."""
     concurrency: int = 10
     """Most requests of a batch in flight at once over the shared pool."""
+    completion_window: str = "24h"
+    """`--via batch-api`: how long the provider may take over a batch, in hours or days ("24h", "7d");
+    OpenAI accepts only 24h."""
+    poll_interval_s: float = 10.0
+    """`--via batch-api`: how often the batch's status is asked for while it runs."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,6 +93,11 @@ RULES: dict[str, Rule] = {
     "batch.max_size": _POSITIVE_INT,
     "batch.window_ms": _NON_NEGATIVE_MS,
     "batch.concurrency": _POSITIVE_INT,
+    "batch.completion_window": Rule(
+        'a whole number of hours or days, such as "24h" or "7d"',
+        lambda v: bool(re.fullmatch(r"[1-9][0-9]{0,4}[hd]", v)),
+    ),
+    "batch.poll_interval_s": _POSITIVE_SECONDS,
     "ui.theme": _NON_EMPTY,
     "ui.sla_ttft_ms": _POSITIVE_MS,
     "ui.sla_total_ms": _POSITIVE_MS,
