@@ -177,7 +177,8 @@ UNKNOWN_KEYS = [
     ),
     (
         "[batch]\nzzz = 1",
-        "unknown key batch.zzz (valid keys here: max_size, window_ms, concurrency)",
+        "unknown key batch.zzz (valid keys here: max_size, window_ms, concurrency, completion_window, "
+        "poll_interval_s)",
     ),
 ]
 

@@ -118,6 +118,11 @@ class BatchSettings:
     """...or when the first of them has waited this long."""
     concurrency: int = 10
     """Most requests of a batch in flight at once over the shared pool."""
+    completion_window: str = "24h"
+    """`--via batch-api`: how long the provider may take over a batch, in hours or days ("24h", "7d");
+    OpenAI accepts only 24h."""
+    poll_interval_s: float = 10.0
+    """`--via batch-api`: how often the batch's status is asked for while it runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +219,14 @@ class ServerSettings:
     """Retire a connection after this many requests, as nginx does by default (keepalive_requests): HTTP/1.1
     with Connection: close on the last response, HTTP/2 with a GOAWAY as the last request arrives, finishing
     the streams up to it; 0 keeps connections open for good (long benchmarks)."""
+    batch_turnaround_s: float = 0.0
+    """The Batch API (/v1/batches): a batch's lines are spread over this many seconds before it completes; 0
+    runs them as fast as the reply path allows."""
+    batch_fail_share: float = 0.0
+    """The share of each batch's lines that fail with a 500 in its error file (which ones: by the seed)."""
+    batch_expire: bool = False
+    """Each batch expires once half its lines are done (at the end of its turnaround): the rest are in the error
+    file as batch_expired, as OpenAI writes them."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,6 +93,11 @@ RULES: dict[str, Rule] = {
     "batch.max_size": _POSITIVE_INT,
     "batch.window_ms": _NON_NEGATIVE_MS,
     "batch.concurrency": _POSITIVE_INT,
+    "batch.completion_window": Rule(
+        'a whole number of hours or days, such as "24h" or "7d"',
+        lambda v: bool(re.fullmatch(r"[1-9][0-9]{0,4}[hd]", v)),
+    ),
+    "batch.poll_interval_s": _POSITIVE_SECONDS,
     "ui.theme": _NON_EMPTY,
     "ui.sla_ttft_ms": _POSITIVE_MS,
     "ui.sla_total_ms": _POSITIVE_MS,
@@ -125,6 +130,8 @@ RULES: dict[str, Rule] = {
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,
+    "server.batch_turnaround_s": _NON_NEGATIVE_SECONDS,
+    "server.batch_fail_share": _PROBABILITY,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

@@ -1,7 +1,17 @@
-"""Load through the engine: bench scenarios and their statistics, bulk jobs, the Locust user."""
+"""Load through the engine: bench scenarios and their statistics, bulk jobs (direct, or through a provider's
+Batch API), the Locust user."""
 
 from __future__ import annotations
 
+from llmchat.core.load._batch_api import (
+    BatchAPI,
+    BatchOutcome,
+    BatchStatus,
+    batch_input,
+    pending_batch,
+    run_batch_api,
+    state_path,
+)
 from llmchat.core.load._jobs import (
     Job,
     JobSummary,
@@ -29,6 +39,9 @@ from llmchat.core.load._stats import (
 )
 
 __all__ = [
+    "BatchAPI",
+    "BatchOutcome",
+    "BatchStatus",
     "CLIENT_ERRORS",
     "CONFIGS",
     "ConfigStats",
@@ -47,12 +60,16 @@ __all__ = [
     "Scenario",
     "Target",
     "check_output",
+    "batch_input",
     "compare_rows",
     "drop_failed",
     "open_output",
     "parse_configs",
+    "pending_batch",
     "read_done",
     "read_jobs",
+    "run_batch_api",
     "run_jobs",
     "split_lines",
+    "state_path",
 ]

@@ -164,13 +164,22 @@ def drop_failed(out_path: Path, failed: frozenset[str]) -> None:
             obj = None
         if not (isinstance(obj, dict) and str(obj.get("id")) in failed and obj.get("error") is not None):
             kept.append(line + "\n")
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    write_atomic(out_path, "".join(kept))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (created 0600): a crash leaves the old file or the new one, never half of
+    either. Raises UsageError with one line when the folder cannot be written."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot write {tmp} ({exc.strerror}); pick a writable -o") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.writelines(kept)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, out_path)
+    os.replace(tmp, path)
 
 
 async def run_jobs(

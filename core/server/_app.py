@@ -1,7 +1,8 @@
 """The local server's ASGI app: routes, API-key check, rate limit, and the small endpoints.
 
 Routes: ``GET /health``, ``GET /metrics`` (Prometheus text, like vLLM's and llama.cpp's), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``. Checks run in the order
+``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, and the Batch API's
+``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
 OpenAI's own API runs them: the body is read (413 past 1 MiB), then the key (401), the rate limit (429), the
 body's fields (400) and model (404), then the error dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
@@ -18,12 +19,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llmchat.core.config import ServerSettings
+from llmchat.core.server._batches import FILE_MAX_BODY, BatchEmulator
 from llmchat.core.server._chat import ChatResponder
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._embeddings import embed, encode_base64
 from llmchat.core.server._encode import dumps, timing
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
-from llmchat.core.server._http import ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
+from llmchat.core.server._http import MAX_BODY, ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
 from llmchat.core.server._replies import count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
 
@@ -40,6 +42,7 @@ class ServerApp:
         self.limiter = RateLimiter(settings.rate_limit)
         self.dice = FaultDice(settings.seed, settings.error_rate, settings.drop_rate, settings.jitter_ms)
         self.chat = ChatResponder(settings, registry, self.dice)
+        self.batches = BatchEmulator(settings, self.chat, self.models, self._authorize)
         self.created = int(time.time())
         self._request_prefix = "req_" + os.urandom(4).hex()
         self._requests = 0
@@ -78,7 +81,7 @@ class ServerApp:
             ex.hurry()
         try:
             handler = self._route(ex)
-            body = await ex.read_body()
+            body = await ex.read_body(FILE_MAX_BODY if ex.path.rstrip("/") == "/v1/files" else MAX_BODY)
             watcher = loop.create_task(ex.watch_disconnect())
             ex.body = body
             await handler(ex)
@@ -101,6 +104,10 @@ class ServerApp:
             if watcher is not None:
                 watcher.cancel()
 
+    async def aclose(self) -> None:
+        """The server has stopped: stop the batches still running."""
+        await self.batches.aclose()
+
     def hurry(self) -> None:
         """The server is stopping: finish every reply in flight at once, unpaced, so none is cancelled."""
         self._hurrying = True
@@ -112,6 +119,8 @@ class ServerApp:
         methods = self._routes.get(path)
         if methods is None and path.startswith("/v1/models/"):
             methods = {"GET": self._get_model}
+        if methods is None:
+            methods = self.batches.routes(path)
         if methods is None:
             raise HTTPFailure(404, f"Invalid URL ({ex.method} {ex.path})", code="unknown_url")
         method = "GET" if ex.method == "HEAD" else ex.method

@@ -21,8 +21,9 @@ from llmchat.core.errors import LLMChatError
 from llmchat.core.server._profiles import PROFILE_SUMMARIES, resolve_settings
 
 DESCRIPTION = (
-    "Serve /v1/chat/completions, /v1/embeddings, /v1/models and /health over HTTP/1.1 and h2c (or h2 and "
-    "HTTP/1.1 over TLS), with deterministic replies and a latency and fault profile."
+    "Serve /v1/chat/completions, /v1/embeddings, /v1/models, the Batch API (/v1/files, /v1/batches) and "
+    "/health over HTTP/1.1 and h2c (or h2 and HTTP/1.1 over TLS), with deterministic replies and a latency "
+    "and fault profile."
 )
 METRICS_HELP = (
     "serve Prometheus metrics (requests by route and status, in flight, tokens sent) at "
@@ -120,6 +121,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stream each emoji as a surrogate-pair escape split across two chunks (each valid JSON alone)",
     )
+    a(
+        "--batch-turnaround-s",
+        type=float,
+        metavar="S",
+        help="the Batch API (/v1/files, /v1/batches): spread a batch's lines over S seconds before it "
+        "completes (default 0: as fast as the reply path goes)",
+    )
+    a(
+        "--batch-fail-share",
+        type=float,
+        metavar="P",
+        help="the share of each batch's lines that fail with a 500 in its error file (by --seed)",
+    )
+    a(
+        "--batch-expire",
+        action="store_true",
+        default=None,
+        help="batches expire once half their lines are done; the rest are batch_expired in the error file",
+    )
     p.set_defaults(func=run)
 
 
@@ -162,6 +182,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "split_surrogates",
         "rtt_ms",
         "max_requests_per_connection",
+        "batch_turnaround_s",
+        "batch_fail_share",
+        "batch_expire",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 

@@ -88,17 +88,18 @@ class Exchange:
                 return bytes(value)
         return None
 
-    async def read_body(self) -> bytes:
-        """The whole request body; HTTPFailure 413 past MAX_BODY.
+    async def read_body(self, limit: int = MAX_BODY) -> bytes:
+        """The whole request body; HTTPFailure 413 past ``limit`` (MAX_BODY unless the route takes uploads).
 
         A body over the limit is still read to its end (up to MAX_DRAIN) and dropped, so the client, which is
         busy sending, gets to read the 413: an HTTP/2 client blocked on flow control would see a reset stream
         instead, and an HTTP/1.1 one a closed connection.
         """
+        drain = max(MAX_DRAIN, limit)
         length = self.header(b"content-length")
         declared = int(length) if length is not None and length.strip().isdigit() else None
-        if declared is not None and declared > MAX_DRAIN:
-            raise _too_large()
+        if declared is not None and declared > drain:
+            raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -108,13 +109,13 @@ class Exchange:
                 raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size <= MAX_BODY:
+            if size <= limit:
                 chunks.append(chunk)
-            elif size > MAX_DRAIN:
-                raise _too_large()
+            elif size > drain:
+                raise _too_large(limit)
             if not message.get("more_body", False):
-                if size > MAX_BODY:
-                    raise _too_large()
+                if size > limit:
+                    raise _too_large(limit)
                 return b"".join(chunks)
 
     async def watch_disconnect(self) -> None:
@@ -175,9 +176,9 @@ class Exchange:
             await self.respond(failure.status, failure.body, failure.headers)
 
 
-def _too_large() -> HTTPFailure:
-    return HTTPFailure(
-        413,
-        f"Request body too large: the limit is {MAX_BODY} bytes (1 MiB). Send a shorter prompt.",
-        code="request_too_large",
-    )
+def _too_large(limit: int = MAX_BODY) -> HTTPFailure:
+    if limit == MAX_BODY:
+        advice = f"the limit is {MAX_BODY} bytes (1 MiB). Send a shorter prompt."
+    else:
+        advice = f"the limit is {limit} bytes ({limit // 2**20} MiB). Split the file."
+    return HTTPFailure(413, f"Request body too large: {advice}", code="request_too_large")

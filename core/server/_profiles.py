@@ -60,9 +60,10 @@ PROFILE_SUMMARIES: dict[str, str] = {
 
 _FIELDS = {f.name for f in dataclasses.fields(ServerSettings)}
 _NON_NEGATIVE = (
-    "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms", "idle_unload_s", "stall_ms", "rtt_ms"
+    "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms", "idle_unload_s", "stall_ms", "rtt_ms",
+    "batch_turnaround_s",
 )
-_PROBABILITIES = ("error_rate", "drop_rate")
+_PROBABILITIES = ("error_rate", "drop_rate", "batch_fail_share")
 
 
 def resolve_settings(*layers: Mapping[str, Any], base: ServerSettings | None = None) -> ServerSettings:

@@ -170,6 +170,7 @@ async def _serve(
             asgi = app if metrics is None else metrics.wrap(app)
             await hypercorn_serve(cast("ASGIFramework", asgi), config, shutdown_trigger=stopping, mode="asgi")
         finally:
+            await app.aclose()
             loop.set_exception_handler(previous_handler)
             if remove_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):

@@ -25,7 +25,7 @@ from llmchat.core.load import (
     split_lines,
 )
 from llmchat.core.observe import TimingRecord, attach_observers
-from llmchat.tui.commands import _options
+from llmchat.tui.commands import _batch_api, _options
 from llmchat.tui.commands._provider import offline_default
 
 
@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="requests in flight at once (batch.concurrency)")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again the jobs whose line in OUT is an error (their old lines are replaced)")
+    p.add_argument("--via", choices=("direct", "batch-api"), default="direct",
+                   help="direct: one request per job (default); batch-api: one batch through the provider's "
+                   "Batch API (/v1/files, /v1/batches), slower and about half the price, polled every "
+                   "batch.poll_interval_s; its id is kept in OUT.batch.json so a rerun collects it")
+    p.add_argument("--cancel", action="store_true",
+                   help="cancel the batch recorded for OUT (--via batch-api) and keep what it finished")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -61,13 +67,22 @@ def run(args: argparse.Namespace) -> int:
         if args.retry_failed:
             drop_failed(out_path, done.failed)
         todo = [j for j in jobs if j.id not in done.ok and (args.retry_failed or j.id not in done.failed)]
+        via_batch_api = args.via == "batch-api" or args.cancel
+        if not via_batch_api:
+            _batch_api.check_direct(out_path)
         out = open_output(out_path)
         summary = JobSummary()
         interrupted = False
+        outcome = None
         with offline_default(settings, args.provider, args.base_url, quiet=args.quiet) as (base_url, http2, model):
             args.model = args.model or model
             try:
-                asyncio.run(_run(args, settings, todo, out, base_url, http2, summary))
+                if via_batch_api:
+                    progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
+                    outcome = asyncio.run(_batch_api.run(args, settings, todo, out, out_path, base_url, http2,
+                                                         summary, progress))
+                else:
+                    asyncio.run(_run(args, settings, todo, out, base_url, http2, summary))
             except KeyboardInterrupt:
                 # asyncio.run cancelled the run: the jobs in flight were cancelled and wrote nothing.
                 interrupted = True
@@ -81,6 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if earlier and not args.retry_failed:
         print(f"llmchat: {earlier} job{'s' if earlier != 1 else ''} failed in an earlier run and "
               f"{'were' if earlier != 1 else 'was'} skipped; add --retry-failed to run them again", file=sys.stderr)
+    if interrupted and via_batch_api:
+        print(f"llmchat: {_batch_api.interrupted_line(out_path)}", file=sys.stderr)
+        return 130
+    if via_batch_api:
+        for line in _batch_api.report(outcome, out_path):
+            print(f"llmchat: {line}", file=sys.stderr)
+        return _batch_api.status_code(outcome, summary, cancel=args.cancel)
     if interrupted:
         written = summary.ok + summary.failed
         print(f"llmchat: interrupted after {written} of {len(todo)} jobs; results so far are in {out_path}: "
@@ -131,20 +153,35 @@ class Progress:
         self.enabled = enabled
         self.t0 = time.monotonic()
         self._last = 0.0
+        self.status = ""
+        self._first: tuple[int, float] | None = None
 
     def update(self, _job: Job, _record: TimingRecord | None, error: str | None) -> None:
         self.done += 1
         self.failed += error is not None
+        self._draw()
+
+    def show(self, done: int, failed: int, total: int, status: str) -> None:
+        """The Batch API path: the provider's request counts and the batch's status, as polled. The rate counts
+        from the first poll this run saw (a resumed batch may be half done already)."""
+        if self._first is None:
+            self._first = (done, time.monotonic())
+        self.done, self.failed, self.total, self.status = done, failed, total or self.total, status
+        self._draw(force=True)
+
+    def _draw(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if self.enabled and (now - self._last >= 0.1 or self.done == self.total):
+        if self.enabled and (force or now - self._last >= 0.1 or self.done == self.total):
             self._last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            eta = (self.total - self.done) / rate if rate else 0.0
+            base, t0 = self._first or (0, self.t0)
+            rate = (self.done - base) / max(now - t0, 1e-9)
+            eta = f"{(self.total - self.done) / rate:.0f}s" if rate else "?"
             width = 30
             filled = int(width * self.done / max(self.total, 1))
             bar = "#" * filled + "-" * (width - filled)
-            sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {rate:.1f}/s ETA {eta:.0f}s "
-                             f"failed {self.failed}   ")
+            status = f" {self.status}" if self.status else ""
+            sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {rate:.1f}/s ETA {eta} "
+                             f"failed {self.failed}{status}   ")
             sys.stderr.flush()
 
     def close(self) -> None:
