@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -29,6 +30,7 @@ from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.request_state import RequestWatch
 from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
 from llmchat.tui.screens.text_input import TextInputScreen
@@ -275,9 +277,13 @@ class ChatApp(App[None]):
     def on_prompt_input_held(self, _event: PromptInput.Held) -> None:
         self._say_reply_coming()
 
+    @property
+    def _cancel_key(self) -> str:
+        """The first key that cancels a reply, as a person reads it: ``Esc``."""
+        return key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
+
     def _say_reply_coming(self) -> None:
-        cancel = key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
-        self.notify(f"a reply is still coming; {cancel} cancels it", severity="warning")
+        self.notify(f"a reply is still coming; {self._cancel_key} cancels it", severity="warning")
 
     # -- actions -------------------------------------------------------------------------------------------
     def action_toggle_mode(self) -> None:
@@ -433,7 +439,7 @@ class ChatApp(App[None]):
         self.history.append({"role": "user", "content": text})
         view = self.query_one(Conversation)
         view.add_user(text)
-        reply = view.add_assistant()
+        reply = view.add_assistant(label=self.client.model)
         self._last_reply = reply
         self._reply(text, reply, self.stream_mode)
         self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
@@ -459,8 +465,13 @@ class ChatApp(App[None]):
         assert self.conversation_id is not None
         writer: ReplyWriter | None = None
         record: TimingRecord | None = None
+        unwatch: Callable[[], None] | None = None
         status: Literal["done", "cached", "cancelled", "interrupted", "error"] = "done"
         note, error = "", None
+        # The state line under the reply from the start: saving the reply's row comes first, and can wait.
+        watch = RequestWatch(stall_s=self.settings.ui.stall_s, cancel_key=self._cancel_key,
+                             label=client.model)
+        reply.follow(watch)
         try:
             try:
                 msg_id = await self.store.start_reply(
@@ -475,11 +486,14 @@ class ChatApp(App[None]):
             if stream:
                 chat = client.stream(messages)
                 record = chat.record
+                unwatch = watch.follow(client.bus, record=record)
+                watch.reasoning_from(lambda: chat.reasoning)
                 async for piece in chat:
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
                         writer.append(piece)
             else:
+                unwatch = watch.follow(client.bus, messages=messages)
                 answer = await client.complete(messages)
                 record = answer.record
                 reply.append(answer.text, time.perf_counter_ns())
@@ -503,8 +517,13 @@ class ChatApp(App[None]):
             status = "cancelled" if self.is_running else "interrupted"
             raise
         finally:
+            if unwatch is not None:
+                unwatch()
             note = error or (reply_note(record.summary()) if record is not None else "")
             reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
+            # A request that had to ask the server for its model made it the client's: say which it is.
+            if record is not None and record.model:
+                reply.set_label(record.model)
             partial = reply.text
             if partial:
                 self.history.append({"role": "assistant", "content": partial})
