@@ -23,11 +23,20 @@ from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
-from llmchat.core import APIError, ChatClient, ServerSignals, Settings, UsageError, Warmer
+from llmchat.core import (
+    APIError,
+    ChatClient,
+    ConfigError,
+    ServerSignals,
+    Settings,
+    UsageError,
+    Warmer,
+)
 from llmchat.core._history import ConversationNotFoundError, HistoryError, HistoryStore, ReplyWriter
 from llmchat.core._prometheus import start_exporter
 from llmchat.core._requestlog import attach_observers
 from llmchat.core._timing import TimingRecord
+from llmchat.tui.checks import check_theme
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.request_state import RequestWatch
@@ -127,8 +136,15 @@ class ChatApp(App[None]):
         # Initial values without running the watchers: nothing is mounted yet.
         self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
         self.set_reactive(ChatApp.show_hud, settings.ui.show_hud)
+        self._theme_problem = ""
         if settings.ui.theme:
-            self.theme = settings.ui.theme
+            # `llmchat` checked it before the screen opened; an app built another way says so on screen.
+            try:
+                check_theme(settings.ui.theme)
+            except ConfigError as exc:
+                self._theme_problem = str(exc)
+            else:
+                self.theme = settings.ui.theme
 
     # -- layout ---------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -176,6 +192,9 @@ class ChatApp(App[None]):
             self.notify(f"Prometheus metrics at {exporter.url}", timeout=5)
         if self.settings.keymap:
             self.set_keymap(dict(self.settings.keymap))
+        if self._theme_problem:
+            self.notify(f"{self._theme_problem}; using {self.theme}", severity="error", timeout=15,
+                        markup=False)
         self._show_endpoint()
         self.query_one(Hud).mode = "stream" if self.stream_mode else "batch"
         self._apply_hud_visibility(self.size.width)
