@@ -890,6 +890,15 @@ def test_lines_are_exactly_the_width_asked_for() -> None:
     assert all(isinstance(segment, Segment) for line in lines for segment in line)
 
 
+def test_a_one_row_line_keeps_the_style_of_a_text_without_spans() -> None:
+    """A label is a Text with a style and no spans: Rich's Text.render leaves that style to its caller."""
+    renderer = _renderer()
+    plain = renderer.line(Text("llmchat-local", style="status.label", end=""), 20)
+    spans = renderer.line(Text.assemble(("llmchat-local", "status.label"), end=""), 20)
+    assert plain == spans and _width(plain) == 20
+    assert plain[0].style is not None and plain[0].style.bold
+
+
 def test_a_document_rendered_again_at_another_width_matches_a_fresh_render() -> None:
     document = MarkdownDocument(REPLY)
     renderer = _renderer()

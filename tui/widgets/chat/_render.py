@@ -290,7 +290,12 @@ class MarkdownRenderer:
         if text.cell_len > width:
             text = text.copy()
             text.truncate(width, overflow="ellipsis")
-        return tuple(Segment.adjust_line_length(list(text.render(self.console)), width))
+        segments: Iterable[Segment] = text.render(self.console)
+        if text.style and not text.spans:
+            # Text.render leaves a span-less text's own style to its caller (Rich applies it in
+            # __rich_console__), so a Text("label", style=...) would come out unstyled.
+            segments = Segment.apply_style(segments, self.console.get_style(text.style, default=Style.null()))
+        return tuple(Segment.adjust_line_length(list(segments), width))
 
     def rich(self, renderable: RenderableType, width: int) -> list[Line]:
         """Any Rich renderable as lines exactly ``width`` cells wide."""
