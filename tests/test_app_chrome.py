@@ -160,3 +160,19 @@ async def test_every_key_stays_in_the_footer_at(width: int, local_server: Runnin
         assert all(k.region.width > 0 for k in keys)
         # The help key keeps its label: it lists every key whose label had to go.
         assert ("f1", "Keys") in footer.shown
+
+
+async def test_a_resumed_reply_keeps_the_label_of_the_model_that_answered(local_server: RunningServer,
+                                                                          tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    client = ChatClient(settings, base_url=local_server.base_url, http2="h2c")  # no model named: the server's
+    app = make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
+    async with app.run_test(size=(140, 40)) as pilot:
+        reply = await _send(pilot, app, "who answers?")
+        await _until(pilot, lambda: reply.is_final)
+        assert reply.label == "llmchat-local"
+    again = _app(local_server, tmp_path, continue_last=True)
+    async with again.run_test(size=(140, 40)) as pilot:
+        await _until(pilot, lambda: len(again.query(ChatMessage)) == 1)
+        assert again.query_one(ChatMessage).label == "llmchat-local"
+        assert _title(again) == "who answers?"

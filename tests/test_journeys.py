@@ -453,3 +453,22 @@ def test_a_stall_says_so_under_the_reply_at_90_columns(
     messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply after the stall")
     assert (messages[1].status, messages[1].content) == ("done", "Kept so far, then the rest.")
     t.wait_for(lambda s: "stalled" not in s and "then the rest." in s, STEP_S, what="the stall gone")
+
+
+def test_quit_mid_reply_then_continue_shows_it_cut_off_under_its_model_and_title(
+    terminals: TerminalSession, slow: SubprocessServer
+) -> None:
+    prompt = "Tell me the long story of a request"
+    t = start_streaming(terminals, slow, prompt)
+    quit_app(t)  # Ctrl+Q while the reply is still coming
+    messages = stored(terminals.history_path)
+    cut = messages[1]
+    assert (cut.role, cut.status) == ("assistant", "interrupted") and cut.content, _brief(messages)
+
+    again = start_ready(terminals, "--continue")
+    screen = again.wait_for(lambda s: "interrupted: the reply was cut off" in "\n".join(chat_column(s)),
+                            STEP_S, what="the cut-off reply reloaded and marked so")
+    assert title(screen) == prompt, again.dump()
+    assert "llmchat-local" in [row.strip() for row in chat_column(screen)], again.dump()  # its label row
+    assert shows(screen, cut.content), again.dump()  # all that arrived, and no more
+    assert stored(terminals.history_path) == messages  # reopening changed nothing

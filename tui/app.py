@@ -517,7 +517,9 @@ class ChatApp(App[None]):
                 if msg.status in ("interrupted", "streaming"):
                     cut = "interrupted: the reply was cut off"
                     status, note = "cancelled", f"{cut} · {note}" if note else cut
-                widgets.append(ChatMessage(msg.content, status=status, note=note))
+                # The model that answered: the server's own name for it when the record has one.
+                label = (msg.record or {}).get("model") or msg.model or None
+                widgets.append(ChatMessage(msg.content, status=status, note=note, label=label))
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
         replies = [w for w in widgets if isinstance(w, ChatMessage)]
