@@ -32,7 +32,7 @@ def test_config_check_names_the_theme_meant(capsys: pytest.CaptureFixture[str], 
     assert (out, err) == ("", GRUVBX)
     assert main(["--config", str(_write(tmp_path, '[ui]\ntheme = "zzzzzz"\n')), "config", "check"] ) == 2
     err = capsys.readouterr().err
-    assert err.startswith('llmchat: ui.theme: "zzzzzz" is not a Textual theme (the themes: ')
+    assert err.startswith('llmchat: ui.theme: "zzzzzz" is not a Textual theme (the Textual themes: ')
     assert "nord" in err and err.count("\n") == 1
     assert main(["--config", str(_write(tmp_path, '[ui]\ntheme = "nord"\n')), "config", "check"]) == 0
 
@@ -72,3 +72,29 @@ def test_every_builtin_theme_passes_and_the_keymap_is_checked_with_it() -> None:
         check_theme(name)
     with pytest.raises(ConfigError, match='keymap: "prompt.sned"'):
         check_face_settings(Settings(keymap={"prompt.sned": "ctrl+s"}))
+
+
+@pytest.mark.parametrize("config", ['[ui]\ntheme = "gruvbx"\n', '[cache]\npolicy = "alwasy"\n',
+                                    '[http]\nhttp2 = "h2"\n', '[server]\nprofile = "chta"\n',
+                                    '[keymap]\n"prompt.sned" = "ctrl+s"\n'])
+def test_the_app_and_config_check_refuse_a_mistyped_choice_with_the_same_line(
+    config: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def started(self: ChatApp, *a: Any, **kw: Any) -> None:
+        raise AssertionError("the app started with a mistyped choice")
+
+    monkeypatch.setattr(ChatApp, "run", started)
+    path = str(_write(tmp_path, config))
+    assert main(["--config", path, "config", "check"]) == 2
+    checked = capsys.readouterr()
+    assert main(["--config", path]) == 2
+    started_with = capsys.readouterr()
+    assert checked == started_with and checked.out == ""
+    assert checked.err.count("\n") == 1 and "did you mean" in checked.err, checked.err
+
+
+def test_a_server_profile_none_is_close_to_lists_them(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    assert main(["--config", str(_write(tmp_path, '[server]\nprofile = "zzz"\n')), "config", "check"]) == 2
+    assert capsys.readouterr().err == ('llmchat: server.profile: "zzz" is not a server profile '
+                                       "(the server profiles: chat, flaky, instant, slow)\n")
