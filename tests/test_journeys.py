@@ -468,7 +468,8 @@ def test_quit_mid_reply_then_continue_shows_it_cut_off_under_its_model_and_title
     again = start_ready(terminals, "--continue")
     screen = again.wait_for(lambda s: "interrupted: the reply was cut off" in "\n".join(chat_column(s)),
                             STEP_S, what="the cut-off reply reloaded and marked so")
-    assert title(screen) == prompt, again.dump()
+    chat = "\n".join(chat_column(screen))
+    assert title(screen) == prompt and "cancelled" not in chat, again.dump()  # nobody stopped it
     assert "llmchat-local" in [row.strip() for row in chat_column(screen)], again.dump()  # its label row
     assert shows(screen, cut.content), again.dump()  # all that arrived, and no more
     assert stored(terminals.history_path) == messages  # reopening changed nothing

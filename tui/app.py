@@ -54,6 +54,9 @@ from llmchat.tui.widgets.hud import Hud
 NARROW = 100  # columns under which the HUD folds away by itself
 _TITLE_ROOM = 24  # cells of the conversation's title the badge leaves room for on a narrow terminal
 W = TypeVar("W", bound=Widget)
+_SHOWN_AS: dict[str, Status] = {
+    "cancelled": "cancelled", "interrupted": "interrupted", "streaming": "interrupted", "error": "error"}
+"""How a stored reply's status shows ("streaming": the process writing it was killed); any other is done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,13 +513,10 @@ class ChatApp(App[None]):
             if msg.role == "user":
                 widgets.append(UserMessage(msg.content))
             elif msg.role == "assistant":
-                status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
-                note = msg.error or reply_note(msg.record)
                 # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
-                # Either way the reply was cut off, and it must not look whole.
-                if msg.status in ("interrupted", "streaming"):
-                    cut = "interrupted: the reply was cut off"
-                    status, note = "cancelled", f"{cut} · {note}" if note else cut
+                # Either way the reply was cut off, and it must not look whole, nor as if the user stopped it.
+                status = _SHOWN_AS.get(msg.status, "done")
+                note = msg.error or reply_note(msg.record)
                 # The model that answered: the server's own name for it when the record has one.
                 label = (msg.record or {}).get("model") or msg.model or None
                 widgets.append(ChatMessage(msg.content, status=status, note=note, label=label))

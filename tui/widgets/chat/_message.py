@@ -27,8 +27,9 @@ from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
 from llmchat.tui.widgets.chat._frozen import FrozenLines, bar
 from llmchat.tui.widgets.chat._lines import Line
 
-Status = Literal["done", "cancelled", "error", "cached"]
-"""How a reply ended: complete, stopped by the user, failed, or served from the cache."""
+Status = Literal["done", "cancelled", "interrupted", "error", "cached"]
+"""How a reply ended: complete, stopped by the user, cut off by quitting or a crash (a reply from history),
+failed, or served from the cache."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
@@ -575,7 +576,9 @@ class ChatMessage(FrozenLines):
             return Text.assemble(
                 ("error", "status.error"), (f": {note}" if note else "", "status.error"), end=""
             )
-        label = ("cancelled", "status.warning") if status == "cancelled" else ("from cache", "status.cached")
+        label = {"cancelled": ("cancelled", "status.warning"),
+                 "interrupted": ("interrupted: the reply was cut off", "status.warning")}.get(
+                     status, ("from cache", "status.cached"))
         return Text.assemble(label, (f" · {note}" if note else "", "status.muted"), end="")
 
 
