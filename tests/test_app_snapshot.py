@@ -133,7 +133,15 @@ def test_hud_over_the_chat_at_60_columns(snap_compare, tmp_path: Path) -> None: 
     assert snap_compare(app, terminal_size=(60, 20), run_before=fill)
 
 
-def test_help_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("size", SIZES)
+def test_help_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
     """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
     app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
-    assert snap_compare(app, terminal_size=(120, 46), press=["f1"])
+
+    async def keys(pilot: Pilot[None]) -> None:
+        await steady(pilot, app)
+        await quiet(pilot, app)
+        await pilot.press("f1")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=keys)
