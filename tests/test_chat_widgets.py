@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.strip import Strip
 
@@ -889,6 +890,15 @@ def test_lines_are_exactly_the_width_asked_for() -> None:
     assert all(isinstance(segment, Segment) for line in lines for segment in line)
 
 
+def test_a_one_row_line_keeps_the_style_of_a_text_without_spans() -> None:
+    """A label is a Text with a style and no spans: Rich's Text.render leaves that style to its caller."""
+    renderer = _renderer()
+    plain = renderer.line(Text("llmchat-local", style="status.label", end=""), 20)
+    spans = renderer.line(Text.assemble(("llmchat-local", "status.label"), end=""), 20)
+    assert plain == spans and _width(plain) == 20
+    assert plain[0].style is not None and plain[0].style.bold
+
+
 def test_a_document_rendered_again_at_another_width_matches_a_fresh_render() -> None:
     document = MarkdownDocument(REPLY)
     renderer = _renderer()
@@ -966,20 +976,25 @@ async def test_a_streaming_reply_grows_in_steps_of_several_rows() -> None:
         assert message.size.height == len(message.lines_for(message.inner_width))
 
 
-async def _screen_after(streamed: bool) -> str:
+async def _screen_after(streamed: bool, label: str | None = None) -> str:
     app = ChatApp()
     async with app.run_test(size=(70, 24)) as pilot:
         conversation = app.query_one(Conversation)
         conversation.add_user("Show me everything.")
         if streamed:
-            message = conversation.add_assistant()
+            message = conversation.add_assistant(label=label)
+            if label is not None:
+                # A state line that changes on every tick, and moves down with the text.
+                message.follow(lambda now, _: (label, Text(f"streaming · {now % 997} · {message.renders}")))
             await pilot.pause()
             for line in REPLY.splitlines(keepends=True):
                 message.append(line)
                 await app.next_frame()
+                if label is not None:
+                    await pilot.pause(0.03)
             message.finish(status="done", note="TTFT 212 ms")
         else:
-            message = conversation.add_assistant(REPLY, status="done", note="TTFT 212 ms")
+            message = conversation.add_assistant(REPLY, status="done", note="TTFT 212 ms", label=label)
         await asyncio.wait_for(message.wait_final(), WAIT_S)
         await pilot.pause()
         return app.export_screenshot()
@@ -988,3 +1003,43 @@ async def _screen_after(streamed: bool) -> str:
 async def test_a_streamed_reply_leaves_the_screen_as_a_reply_rendered_whole() -> None:
     # Rows painted during the stream are kept across height changes; none may be left stale.
     assert await _screen_after(streamed=True) == await _screen_after(streamed=False)
+
+
+async def test_a_followed_reply_leaves_no_state_line_behind() -> None:
+    # The state row moved down with the text and was repainted on its ticker: once finished, the screen is
+    # that of the same reply rendered whole, label and all.
+    assert await _screen_after(streamed=True, label="llmchat-local") == await _screen_after(
+        streamed=False, label="llmchat-local")
+
+
+async def test_a_followed_reply_shows_its_state_in_the_row_after_its_text() -> None:
+    app = ChatApp()
+    async with app.run_test(size=(60, 30)) as pilot:
+        message = app.query_one(Conversation).add_assistant(label="")
+        calls: list[int] = []
+
+        def state(now: int, width: int) -> tuple[str, Text]:
+            calls.append(width)
+            return "model-x", Text(f"waiting · {len(calls)}")
+
+        message.follow(state)
+        await until(lambda: message.live_text.startswith("waiting"), pilot)
+        assert message.label == "model-x" and message.rendered_text().splitlines()[0] == "model-x"
+        assert message.size.height == 2  # the label and the state row: no rows held for text not yet here
+        row = message.row_after_lines(0, message.inner_width)
+        assert row is not None and text_of(row).rstrip() == message.live_text
+        assert set(calls) == {message.inner_width}
+        message.append("First words.\n\nA second paragraph.")
+        await until(lambda: "A second paragraph." in message.rendered_text(), pilot)
+        seen = message.live_repaints
+        await until(lambda: message.live_repaints >= seen + 2, pilot)  # it keeps ticking, at most 10 a second
+        lines = message.lines_for(message.inner_width)
+        assert message.size.height > len(lines)  # the state row sits in the rows held below the text
+        message.finish(status="done", note="done note")
+        await asyncio.wait_for(message.wait_final(), WAIT_S)
+        count = len(calls)
+        await pilot.pause(0.25)
+        assert len(calls) == count and message.live_text == ""  # the ticker stopped with the reply
+        assert message.rendered_text().splitlines()[-1] == "done note"
+        with pytest.raises(ValueError):
+            message.follow(state, interval_s=0.01)

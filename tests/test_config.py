@@ -88,6 +88,15 @@ BAD_VALUES = [
         '[cache]\npolicy = "sometimes"',
         'cache.policy must be one of "deterministic", "always", "off", got "sometimes"',
     ),
+    (
+        '[cache]\npolicy = "alwasy"',
+        'cache.policy must be one of "deterministic", "always", "off", got "alwasy" (did you mean "always"?)',
+    ),
+    ('[http]\nhttp2 = "H2C"', 'http.http2 must be true, false or "h2c", got "H2C" (did you mean "h2c"?)'),
+    (
+        '[providers.x.http]\nhttp2 = "h2"',
+        'providers.x.http.http2 must be true, false or "h2c", got "h2" (did you mean "h2c"?)',
+    ),
     ("[server]\nerror_rate = 1.5", "server.error_rate must be a probability from 0 to 1, got 1.5"),
     ("[server]\nport = 70000", "server.port must be a port number from 0 to 65535, got 70000"),
     ('[server]\nmodels = ["a", 1]', 'server.models must be a non-empty list of model ids, got ["a", 1]'),

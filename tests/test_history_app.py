@@ -18,6 +18,7 @@ from llmchat.core.history._store import HistoryStore, export_markdown
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.widgets.chat import ChatMessage, PromptInput
+from llmchat.tui.widgets.chat._lines import text_of
 
 
 def _app(server: RunningServer, tmp_path: Path, db: Path, **kw: object) -> ChatApp:
@@ -176,6 +177,8 @@ async def test_quitting_mid_stream_keeps_the_reply_marked_interrupted(server_fac
     async with again.run_test(size=(140, 40)) as pilot:
         await _until(pilot, lambda: len(again.query(ChatMessage)) == 1)
         restored = again.query_one(ChatMessage)
-        assert restored.text == shown and restored.status == "cancelled"
-        assert restored.note.startswith("interrupted: the reply was cut off")
+        # "interrupted", not "cancelled": nobody stopped it.
+        assert restored.text == shown and restored.status == "interrupted"
+        end = " ".join(text_of(line) for line in restored.lines_for(restored.inner_width)[-2:])
+        assert "interrupted: the reply was cut off · " in end and "cancelled" not in end, end
         assert again.history[-1]["content"].endswith("[reply cut short: interrupted]")

@@ -205,7 +205,7 @@ async def test_the_stall_badge_after_stall_s_without_a_token() -> None:
         r.first_token_ns = r.last_token_ns = r.end_ns = None
         started = time.perf_counter()
         app.bus.publish(RequestStarted(r))
-        await until(pilot, lambda: "waiting" in text(panel), "the running timer")
+        await until(pilot, lambda: "elapsed" in text(panel), "the running timer")
         await until(pilot, lambda: panel.stalled, "the stall badge")
         assert time.perf_counter() - started >= stall_s  # never before stall_s has passed
         assert "stall" in text(panel)
@@ -215,7 +215,7 @@ async def test_the_stall_badge_after_stall_s_without_a_token() -> None:
         app.bus.publish(FirstToken(r))
         app.bus.publish(Chunk(r, "hi", now))
         await until(pilot, lambda: not panel.stalled, "the stall badge to go")
-        assert "waiting" in text(panel) and "stall" not in text(panel)
+        assert "elapsed" in text(panel) and "stall" not in text(panel)
         r.end_ns = time.perf_counter_ns()
         app.bus.publish(RequestDone(r))
         await until(pilot, lambda: text(panel) == "idle", "the pending line to go idle")
@@ -231,7 +231,7 @@ async def test_the_timer_runs_while_pending() -> None:
 
         def shown_s() -> float:
             words = text(hud.pending_panel).split()
-            return float(words[1]) if words[0] == "waiting" else -1.0
+            return float(words[1]) if words[0] == "elapsed" else -1.0
 
         await until(pilot, lambda: shown_s() >= 2.0, "the timer to count from the request's start")
         first = shown_s()
@@ -240,6 +240,35 @@ async def test_the_timer_runs_while_pending() -> None:
         r.end_ns = time.perf_counter_ns()
         app.bus.publish(RequestDone(r))
         await until(pilot, lambda: text(hud.pending_panel) == "idle", "idle")
+
+
+async def test_the_pending_line_says_what_the_running_request_is_doing() -> None:
+    """Elapsed is called elapsed; then the running request's own figures: waiting, a retry counting down
+    with its reason in words, then tokens and TTFT once they come."""
+    app = HudApp(UISettings(stall_s=60.0))
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        panel = hud.pending_panel
+        r = record(t0_ns=time.perf_counter_ns())
+        r.first_token_ns = r.last_token_ns = r.end_ns = r.phases.headers_ns = None
+        r.content_chunks = 0
+        app.bus.publish(RequestStarted(r))
+        await until(pilot, lambda: text(panel).startswith("elapsed ") and "waiting" in text(panel), "waiting")
+        app.bus.publish(RetryPlanned(r, RetryEvent(attempt=2, max_attempts=4, reason="429", status=429,
+                                                   wait_s=45.0, wait_source="retry-after-ms", error="429")))
+        await until(pilot, lambda: "retry 2 of 4 in 45 s" in text(panel), "the retry countdown")
+        assert "retry-after" not in text(panel)  # the chat's state line, wider, gives the reason in words
+        await until(pilot, lambda: "retry 2 of 4 in 44 s" in text(panel), "the countdown to count down")
+        now = time.perf_counter_ns()
+        r.phases.headers_ns = now
+        r.first_token_ns = r.last_token_ns = now
+        r.content_chunks = 12
+        app.bus.publish(FirstToken(r))
+        await until(pilot, lambda: "12 tokens" in text(panel), "the tokens so far")
+        assert "retry" not in text(panel)
+        r.end_ns = time.perf_counter_ns()
+        app.bus.publish(RequestDone(r))
+        await until(pilot, lambda: text(panel) == "idle", "idle")
 
 
 async def test_the_waterfall_marks_new_and_reused_connections() -> None:
@@ -713,7 +742,7 @@ async def test_the_panel_repaints_only_when_a_request_finished() -> None:
         app.bus.publish(RequestStarted(r))
         app.bus.publish(Chunk(r, "x", time.perf_counter_ns()))
         hud.metrics.observe_render_lag(5.0)
-        await until(pilot, lambda: "median" in text(hud.lag_line) and "waiting" in text(hud.pending_panel),
+        await until(pilot, lambda: "median" in text(hud.lag_line) and "elapsed" in text(hud.pending_panel),
                     "the live lines")
         assert hud.attribution.content is painted  # other topics repainted, not this one
         r.first_token_ns = r.t0_ns + 40_000_000

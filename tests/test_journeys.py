@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import peers as P
 import pytest
 from terminal import PASTE_END, PASTE_START, Terminal, TerminalSession, group_alive
 
@@ -142,8 +143,13 @@ def chat_column(screen: str) -> list[str]:
 
 
 def badge(screen: str) -> str:
-    """The line above the conversation: where answers come from, the model, stream or batch."""
-    return chat_column(screen)[0].strip()
+    """The right of the line above the conversation: where answers come from, the model, stream or batch."""
+    return re.split(r"\s{2,}", chat_column(screen)[0].strip())[-1]
+
+
+def title(screen: str) -> str:
+    """The left of the line above the conversation: the conversation's title."""
+    return re.split(r"\s{2,}", chat_column(screen)[0].strip())[0]
 
 
 def prompt_input(screen: str) -> str:
@@ -208,6 +214,8 @@ def quit_app(t: Terminal) -> None:
 def test_first_launch_offline_answers_from_the_local_server_it_started(terminals: TerminalSession) -> None:
     t = start_ready(terminals)
     assert badge(t.screen_text()) == "local server (offline demo) · llmchat-local · stream", t.dump()
+    assert title(t.screen_text()) == "new conversation", t.dump()
+    assert "Talking to the built-in local server (offline demo)" in t.screen_text(), t.dump()
 
     prompt = "What does time to first token measure?"
     type_prompt(t, prompt)
@@ -221,6 +229,7 @@ def test_first_launch_offline_answers_from_the_local_server_it_started(terminals
                         STEP_S, what="the reply's timing line and the HUD counting it")
     assert prompt in user_rows(screen), t.dump()
     assert shows(screen, reply.content, tail=60), t.dump()  # the end of the reply, as streamed
+    assert title(screen) == prompt and "Talking to the built-in" not in screen, t.dump()
 
     quit_app(t)
     assert t.process is not None
@@ -462,3 +471,86 @@ def test_temperature_0_from_the_palette_makes_the_same_batch_prompt_a_cache_hit(
                         what="the reply marked as from the cache and the HUD counting the hit")
     [line] = [row.strip() for row in chat_column(screen) if "from cache" in row]
     assert re.fullmatch(r"from cache · llmchat-local · \d+ ms", line), t.dump()
+
+
+# -- what a pending reply is doing, at 90 columns (the HUD folded away) --------------------------------------
+def peer_config(p: P.Peer, extra: str = "") -> str:
+    """One provider, a scripted peer (HTTP/1.1 only); no warm-up, whose GET /models would be its first
+    request."""
+    return (f'[http]\nwarmup = false\n\n[providers.peer]\nbase_url = "{p.base_url}"\n'
+            f'model = "llmchat-local"\nhttp = {{ http2 = false }}\n{extra}')
+
+
+def start_narrow(terminals: TerminalSession, config: str) -> Terminal:
+    """``llmchat`` at 90x30, ready for a prompt once the note about the folded HUD has gone."""
+    terminals.write_config(config)
+    t = terminals.start(cols=90, rows=30)
+    t.wait_for(lambda s: "⏎ Send" in s and PLACEHOLDER in s, START_S, what="the app ready for a prompt")
+    t.wait_for(lambda s: "folds away" not in s, STEP_S, what="the note about the folded HUD to go")
+    return t
+
+
+COUNTDOWN = re.compile(r"retry 2 of 4 in (\d+\.\d) s")
+
+
+def test_a_rate_limit_counts_down_under_the_reply_at_90_columns(
+    terminals: TerminalSession, peer: Callable[..., P.Peer]
+) -> None:
+    limited = P.json_response(429, {"error": {"message": "Rate limit reached"}}, headers={"retry-after": "4"})
+    answer = [P.SSE_HEAD, P.event(P.delta("All ")), P.event(P.delta("good.", finish_reason="stop")),
+              P.DONE, P.END]
+    p = peer([limited], then="keep", later=answer)
+    t = start_narrow(terminals, peer_config(p))
+    type_prompt(t, "Are you there?")
+    seen: list[float] = []
+
+    def counted(screen: str) -> bool:
+        found = COUNTDOWN.search("\n".join(chat_column(screen)))
+        if found and (not seen or float(found.group(1)) != seen[-1]):
+            seen.append(float(found.group(1)))
+        return len(seen) >= 3
+
+    screen = t.wait_for(counted, STEP_S, what="the countdown under the reply")
+    line = next(row for row in chat_column(screen) if COUNTDOWN.search(row))
+    assert "rate limited" in line and "retry-after" not in screen.lower(), t.dump()
+    assert seen == sorted(seen, reverse=True) and seen[0] > seen[-1], seen
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply after the wait")
+    assert (messages[1].status, messages[1].content) == ("done", "All good.")
+    t.wait_for(lambda s: not COUNTDOWN.search(s) and "All good." in s, STEP_S, what="the state line gone")
+    assert p.requests == 2
+
+
+def test_a_stall_says_so_under_the_reply_at_90_columns(
+    terminals: TerminalSession, peer: Callable[..., P.Peer]
+) -> None:
+    stalling = [P.SSE_HEAD, P.event(P.delta("Kept so far")), P.Pause(4.0),
+                P.event(P.delta(", then the rest.", finish_reason="stop")), P.DONE, P.END]
+    p = peer(stalling, then="keep")
+    t = start_narrow(terminals, peer_config(p, "\n[ui]\nstall_s = 1.0\n"))
+    type_prompt(t, "Take your time")
+    screen = t.wait_for(lambda s: "stalled: no token for" in s, STEP_S, what="the stall under the reply")
+    line = next(row for row in chat_column(screen) if "stalled: no token for" in row)
+    assert "so far" in line and "Esc cancels" in line, t.dump()
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the reply after the stall")
+    assert (messages[1].status, messages[1].content) == ("done", "Kept so far, then the rest.")
+    t.wait_for(lambda s: "stalled" not in s and "then the rest." in s, STEP_S, what="the stall gone")
+
+
+def test_quit_mid_reply_then_continue_shows_it_cut_off_under_its_model_and_title(
+    terminals: TerminalSession, slow: SubprocessServer
+) -> None:
+    prompt = "Tell me the long story of a request"
+    t = start_streaming(terminals, slow, prompt)
+    quit_app(t)  # Ctrl+Q while the reply is still coming
+    messages = stored(terminals.history_path)
+    cut = messages[1]
+    assert (cut.role, cut.status) == ("assistant", "interrupted") and cut.content, _brief(messages)
+
+    again = start_ready(terminals, "--continue")
+    screen = again.wait_for(lambda s: "interrupted: the reply was cut off" in "\n".join(chat_column(s)),
+                            STEP_S, what="the cut-off reply reloaded and marked so")
+    chat = "\n".join(chat_column(screen))
+    assert title(screen) == prompt and "cancelled" not in chat, again.dump()  # nobody stopped it
+    assert "llmchat-local" in [row.strip() for row in chat_column(screen)], again.dump()  # its label row
+    assert shows(screen, cut.content), again.dump()  # all that arrived, and no more
+    assert stored(terminals.history_path) == messages  # reopening changed nothing

@@ -177,6 +177,25 @@ async def test_f1_lists_every_binding_with_the_key_in_effect(
         await _until(pilot, lambda: app.screen is app.screen_stack[0])
 
 
+@pytest.mark.parametrize("size", [(100, 30), (60, 20)])
+async def test_f1_on_a_small_terminal_shows_what_every_key_does_without_scrolling_sideways(
+    size: tuple[int, int], local_server: RunningServer, tmp_path: Path
+) -> None:
+    app = _app(local_server, tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("f1")
+        await _until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        table = app.screen.query_one(DataTable)
+        places = [where for where, _ in groupby(REGISTRY, key=lambda b: b.where)]
+        await _until(pilot, lambda: table.row_count == len(REGISTRY) + len(places))
+        await pilot.pause()
+        # No column past the table's right edge: what a key does is never scrolled out of sight.
+        assert table.virtual_size.width <= table.scrollable_content_region.width, table.virtual_size
+        for entry in REGISTRY:
+            cells = [str(cell) for cell in table.get_row(entry.id)]
+            assert cells[-1] == entry.help and any(entry.id in cell for cell in cells), cells
+
+
 async def test_over_a_modal_esc_is_the_modals_own(local_server: RunningServer, tmp_path: Path) -> None:
     app = _app(local_server, tmp_path)
     async with app.run_test(size=(140, 40)) as pilot:

@@ -274,6 +274,26 @@ def test_pending_since_is_the_oldest_request_in_flight() -> None:
     assert m.last_activity_ns() == 2_500 * MS
 
 
+def test_the_running_request_and_its_planned_retry() -> None:
+    m = Metrics()
+    assert m.running is None
+    first, second = record(), record()
+    m.observe_started(first)
+    m.observe_started(second)
+    assert m.running is second  # the one started last
+    before = time.perf_counter_ns()
+    m.observe_retry(first, retry_event(wait_s=30.0))
+    assert m.planned_retry(second) is None
+    planned = m.planned_retry(first)
+    assert planned is not None and planned[0].wait_s == 30.0 and planned[1] >= before
+    m.observe_first_token(first)
+    assert m.planned_retry(first) is None
+    m.observe_done(second)
+    assert m.running is first
+    m.observe_done(first)
+    assert m.running is None
+
+
 # --- cost --------------------------------------------------------------------------------------------------
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from rich.cells import cell_len
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
@@ -23,17 +25,19 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from llmchat.core import (
     APIError,
     ChatClient,
+    ConfigError,
     LLMChatError,
     ServerSignals,
     Settings,
     UsageError,
     Warmer,
+    default_config_path,
     resolve_provider,
 )
 from llmchat.core.history import (
@@ -53,8 +57,11 @@ from llmchat.core.history import (
     save_export,
 )
 from llmchat.core.observe import TimingRecord, attach_observers, start_exporter
+from llmchat.tui.checks import check_theme
+from llmchat.tui.fit import fit
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.request_state import RequestWatch
 from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
 from llmchat.tui.screens.system_prompt import SystemPromptScreen
@@ -62,10 +69,15 @@ from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.screenshot import TITLE as SCREENSHOT
 from llmchat.tui.screenshot import save_screenshot, screenshot_folders
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
+from llmchat.tui.widgets.footer import KeyFooter
 from llmchat.tui.widgets.hud import Hud
 
 NARROW = 100  # columns under which the HUD folds away by itself
+_TITLE_ROOM = 24  # cells of the conversation's title the badge leaves room for on a narrow terminal
 W = TypeVar("W", bound=Widget)
+_SHOWN_AS: dict[str, Status] = {
+    "cancelled": "cancelled", "interrupted": "interrupted", "streaming": "interrupted", "error": "error"}
+"""How a stored reply's status shows ("streaming": the process writing it was killed); any other is done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +143,7 @@ class ChatApp(App[None]):
         binding("mode.toggle", "toggle_mode"),
         binding("reply.cancel", "cancel_reply"),
         binding("hud.toggle", "toggle_hud"),
+        binding("hud.overlay", "hud_overlay"),
         binding("hud.charts", "hud_detail"),
         binding("copy.reply", "copy_reply"),
         binding("copy.code", "copy_code"),
@@ -142,6 +155,8 @@ class ChatApp(App[None]):
 
     stream_mode: reactive[bool] = reactive(True)
     show_hud: reactive[bool] = reactive(True)
+    hud_over_chat: reactive[bool] = reactive(False)
+    """The HUD is shown over the chat's right side (``hud.overlay``), whatever the width and ``show_hud``."""
 
     def __init__(
         self,
@@ -190,19 +205,30 @@ class ChatApp(App[None]):
         # Initial values without running the watchers: nothing is mounted yet.
         self.set_reactive(ChatApp.stream_mode, settings.ui.stream)
         self.set_reactive(ChatApp.show_hud, settings.ui.show_hud)
+        self._fold_told = False
+        self._theme_problem = ""
         if settings.ui.theme:
-            self.theme = settings.ui.theme
+            # `llmchat` checked it before the screen opened; an app built another way says so on screen.
+            try:
+                check_theme(settings.ui.theme)
+            except ConfigError as exc:
+                self._theme_problem = str(exc)
+            else:
+                self.theme = settings.ui.theme
 
     # -- layout ---------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
             with Vertical(id="chat"):
-                yield Static(self._badge_text(), id="badge")
+                with Horizontal(id="top"):
+                    yield Static(self._title_text(), id="title", markup=False,
+                                 classes="" if self.sub_title else "-untitled")
+                    yield Static(self._badge_text(), id="badge", markup=False)
                 yield Conversation(id="conversation")
                 yield PromptInput(id="prompt", send_keys=self.keys_in_effect["prompt.send"],
                                   newline_keys=self.keys_in_effect["prompt.newline"], hold_on_send=True)
             yield Hud(bus=self.client.bus, ui=self.settings.ui, id="hud")
-        yield Footer()
+        yield KeyFooter()
 
     def _show_endpoint(self) -> None:
         hud = self.query_one(Hud)
@@ -220,9 +246,36 @@ class ChatApp(App[None]):
             hud.metrics.observe_render_lag(event.ms)
 
     def _badge_text(self) -> str:
+        """Where answers come from, the model and the mode, shortened to leave the title room on a narrow
+        terminal (the host first, then the model; the mode always stays)."""
         ep = self.client.endpoint
-        where = "local server (offline demo)" if self.offline else f"{ep.name} · {ep.hostport}"
-        return f"{where} · {self.client.model or 'default model'} · {'stream' if self.stream_mode else 'batch'}"
+        where = ("local server (offline demo)", "offline demo", "") if self.offline else (
+            f"{ep.name} · {ep.hostport}", ep.name, "")
+        # The client's model is the one the server named once a request had to look it up.
+        model = self.client.model or "default model"
+        forms = [where, (model, model, ""), ("stream" if self.stream_mode else "batch",)]
+        chat = self._main("#chat", Widget)
+        room = (chat.size.width if chat is not None and chat.size.width else 10_000) - 4
+        room -= min(cell_len(self._title_text()), _TITLE_ROOM)
+        chosen = fit(forms, lambda parts: cell_len(" · ".join(p for p in parts if p)), room,
+                     importance=[2, 1, 0])
+        return " · ".join(part for part in chosen if part)
+
+    def _title_text(self) -> str:
+        """The conversation's title (the app's ``sub_title``: from its first prompt, or as renamed)."""
+        return self.sub_title or "new conversation"
+
+    def watch_sub_title(self, _value: str) -> None:
+        title = self._main("#title", Static)
+        if title is not None:
+            title.update(self._title_text())
+            title.set_class(not self.sub_title, "-untitled")
+            self._update_badge()
+
+    def _update_badge(self) -> None:
+        badge = self._main("#badge", Static)
+        if badge is not None:
+            badge.update(self._badge_text())
 
     async def on_mount(self) -> None:
         # The HUD's detector carries the cold-start baselines from one run to the next; the provider's
@@ -239,7 +292,11 @@ class ChatApp(App[None]):
             self.notify(f"Prometheus metrics at {exporter.url}", timeout=5)
         if self.settings.keymap:
             self.set_keymap(dict(self.settings.keymap))
+        if self._theme_problem:
+            self.notify(f"{self._theme_problem}; using {self.theme}", severity="error", timeout=15,
+                        markup=False)
         self._show_endpoint()
+        self.watch_sub_title(self.sub_title)
         self.query_one(Hud).mode = "stream" if self.stream_mode else "batch"
         self._apply_hud_visibility(self.size.width)
         if self.client.endpoint.http.warmup:
@@ -260,6 +317,8 @@ class ChatApp(App[None]):
         except HistoryError as exc:
             self.conversation_id = None
             self.notify(str(exc), severity="error", timeout=15, markup=False)
+        if self.conversation_id is None:
+            self._welcome()
         self.query_one(PromptInput).focus()
         if self._freeze_gc:
             # Move everything alive after start-up (Textual's tens of thousands of objects) out of the
@@ -286,12 +345,39 @@ class ChatApp(App[None]):
             await self.signals.aclose()
         await self.store.aclose()
 
+    def _welcome(self) -> None:
+        """What an empty conversation says to a newcomer: what answers, and how to point llmchat elsewhere."""
+        help_key = key_label(self.keys_in_effect["help.open"]).split(" / ")[0]
+        if self.offline:
+            path = str(default_config_path(os.environ))
+            home = str(Path.home())
+            shown = "~" + path[len(home):] if home != "/" and path.startswith(home + "/") else path
+            text = ("Talking to the built-in local server (offline demo): its replies are made up, its "
+                    f"timings real. Add a provider in {shown} (see config.example.toml), or start with "
+                    f"`llmchat --base-url URL`. {help_key} lists every key.")
+        else:
+            ep = self.client.endpoint
+            model = self.client.model or "the first model it lists"
+            text = (f"Talking to {ep.name} at {ep.hostport}, {model}. Ctrl+P picks another provider or "
+                    f"model; {help_key} lists every key.")
+        self.query_one(Conversation).show_welcome(text)
+
     def on_resize(self, event: Any) -> None:
         self._apply_hud_visibility(event.size.width)
 
     def _apply_hud_visibility(self, width: int) -> None:
         hud = self.query_one(Hud)
-        hud.display = self.show_hud and width >= NARROW
+        narrow = width < NARROW
+        hud.set_class(self.hud_over_chat, "-overlay")
+        hud.display = self.hud_over_chat or (self.show_hud and not narrow)
+        self.call_after_refresh(self._update_badge)  # fitted to the chat column, once it is laid out
+        if narrow and self.show_hud and not self.hud_over_chat and not self._fold_told:
+            # Once: folding away is the right thing on a narrow terminal, but it must not look like a loss.
+            self._fold_told = True
+            over = key_label(self.keys_in_effect["hud.overlay"]).split(" / ")[0]
+            self.notify(f"The HUD folds away under {NARROW} columns (this terminal has {width}); {over} "
+                        "shows it over the chat. Retries, stalls and errors show under each reply.",
+                        title="HUD", timeout=6, markup=False)
 
     @property
     def _screen_up(self) -> bool:
@@ -306,16 +392,23 @@ class ChatApp(App[None]):
             return None
         return next(iter(self.screen_stack[0].query(kind)), None)
 
+    def _main(self, selector: str, kind: type[W]) -> W | None:
+        """The main screen's widget ``selector`` names; None before start-up, or once exit has removed it."""
+        if not self._screen_up:
+            return None
+        return next(iter(self.screen_stack[0].query(selector).results(kind)), None)
+
     def watch_show_hud(self, _value: bool) -> None:
         if self._screen_up:
             self._apply_hud_visibility(self.size.width)
+
+    watch_hud_over_chat = watch_show_hud
 
     def watch_stream_mode(self, value: bool) -> None:
         if not self._screen_up:
             return
         self.query_one("#badge", Static).update(self._badge_text())
         self.query_one(Hud).mode = "stream" if value else "batch"
-        self.sub_title = "stream mode" if value else "batch mode"
 
     # -- state derived from the worker ----------------------------------------------------------------------
     @property
@@ -340,9 +433,13 @@ class ChatApp(App[None]):
     def on_prompt_input_held(self, _event: PromptInput.Held) -> None:
         self._say_reply_coming()
 
+    @property
+    def _cancel_key(self) -> str:
+        """The first key that cancels a reply, as a person reads it: ``Esc``."""
+        return key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
+
     def _say_reply_coming(self) -> None:
-        cancel = key_label(self.keys_in_effect["reply.cancel"]).split(" / ")[0]
-        self.notify(f"a reply is still coming; {cancel} cancels it", severity="warning")
+        self.notify(f"a reply is still coming; {self._cancel_key} cancels it", severity="warning")
 
     # -- actions -------------------------------------------------------------------------------------------
     def action_toggle_mode(self) -> None:
@@ -367,7 +464,15 @@ class ChatApp(App[None]):
         self.notify(f"saved to {saved}", title="Screenshot", timeout=6, markup=False)
 
     def action_toggle_hud(self) -> None:
-        self.show_hud = not self.show_hud
+        if self.size.width < NARROW:
+            # Beside the chat it cannot show here: toggling the setting would change nothing on screen.
+            self.hud_over_chat = not self.hud_over_chat
+        else:
+            self.hud_over_chat = False
+            self.show_hud = not self.show_hud
+
+    def action_hud_overlay(self) -> None:
+        self.hud_over_chat = not self.hud_over_chat
 
     def action_hud_detail(self) -> None:
         self.query_one(Hud).action_detail()
@@ -401,6 +506,8 @@ class ChatApp(App[None]):
         self.system_prompt = ""
         await self.query_one(Conversation).clear()
         self._last_reply = None
+        self.sub_title = ""
+        self._welcome()
         self.notify("new conversation", timeout=2)
 
     def action_keys_help(self) -> None:
@@ -415,6 +522,11 @@ class ChatApp(App[None]):
             if self.replying:
                 self.workers.cancel_group(self, "reply")
             self.conversation_id = None
+            self.sub_title = ""
+
+    def on_history_screen_renamed(self, event: HistoryScreen.Renamed) -> None:
+        if event.conversation_id == self.conversation_id:
+            self.sub_title = event.title
 
     async def _open_from_history(self, conv_id: int | None) -> None:
         if conv_id is not None:
@@ -633,16 +745,15 @@ class ChatApp(App[None]):
             if msg.role == "user":
                 widgets.append(UserMessage(msg.content))
             elif msg.role == "assistant":
-                status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
+                # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
+                # Either way the reply was cut off, and it must not look whole, nor as if the user stopped it.
+                status = _SHOWN_AS.get(msg.status, "done")
                 if status == "done" and msg.record is not None and msg.record.get("cache_hit"):
                     status = "cached"
                 note = msg.error or reply_note(msg.record)
-                # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
-                # Either way the reply was cut off, and it must not look whole.
-                if msg.status in ("interrupted", "streaming"):
-                    cut = "interrupted: the reply was cut off"
-                    status, note = "cancelled", f"{cut} · {note}" if note else cut
-                widgets.append(ChatMessage(msg.content, status=status, note=note))
+                # The model that answered: the server's own name for it when the record has one.
+                label = (msg.record or {}).get("model") or msg.model or None
+                widgets.append(ChatMessage(msg.content, status=status, note=note, label=label))
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
         replies = [w for w in widgets if isinstance(w, ChatMessage)]
@@ -675,10 +786,23 @@ class ChatApp(App[None]):
         self.history.append({"role": "user", "content": text})
         view = self.query_one(Conversation)
         view.add_user(text)
-        reply = view.add_assistant()
+        reply = view.add_assistant(label=self.client.model)
         self._last_reply = reply
         self._reply(text, reply, self.stream_mode)
         self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
+        if not self.sub_title:
+            # The store titled the conversation from its first prompt; shown once the request is out.
+            self.run_worker(self._show_title(self.conversation_id), group="title")
+
+    async def _show_title(self, conv_id: int | None) -> None:
+        if conv_id is None:
+            return
+        try:
+            conv = await self.store.load(conv_id)
+        except HistoryError:
+            return  # the title is a nicety; the store's own trouble is said where it matters
+        if conv_id == self.conversation_id and not self.sub_title:
+            self.sub_title = conv.info.title
 
     async def _save_prompt(self, text: str) -> None:
         """Saves ``text`` as the next user message, in a new conversation when there is none, or when the one
@@ -705,8 +829,13 @@ class ChatApp(App[None]):
         assert self.conversation_id is not None
         writer: ReplyWriter | None = None
         record: TimingRecord | None = None
+        unwatch: Callable[[], None] | None = None
         status: Literal["done", "cached", "cancelled", "interrupted", "error"] = "done"
         note, error = "", None
+        # The state line under the reply from the start: saving the reply's row comes first, and can wait.
+        watch = RequestWatch(stall_s=self.settings.ui.stall_s, cancel_key=self._cancel_key,
+                             label=client.model)
+        reply.follow(watch)
         try:
             try:
                 msg_id = await self.store.start_reply(
@@ -721,6 +850,8 @@ class ChatApp(App[None]):
             if stream:
                 chat = client.stream(messages, **params)
                 record = chat.record
+                unwatch = watch.follow(client.bus, record=record)
+                watch.reasoning_from(lambda: chat.reasoning)
                 async for piece in chat:
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
@@ -728,6 +859,7 @@ class ChatApp(App[None]):
                 # A hit here is a replayed stream ([cache] replay_streams).
                 status = "cached" if record.cache_hit else "done"
             else:
+                unwatch = watch.follow(client.bus, messages=messages)
                 answer = await client.complete(messages, **params)
                 record = answer.record
                 reply.append(answer.text, time.perf_counter_ns())
@@ -751,8 +883,14 @@ class ChatApp(App[None]):
             status = "cancelled" if self.is_running else "interrupted"
             raise
         finally:
+            if unwatch is not None:
+                unwatch()
             note = error or (reply_note(record.summary()) if record is not None else "")
             reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
+            # A request that had to ask the server for its model made it the client's: say which it is.
+            if record is not None and record.model:
+                reply.set_label(record.model)
+            self._update_badge()
             partial = reply.text
             if partial:
                 self.history.append({"role": "assistant", "content": partial})

@@ -33,6 +33,8 @@ class KeyBinding:
     """What it does, for the help screen."""
     where: str
     """Where it applies: the chat screen, the prompt, the history list, a modal."""
+    short: str = ""
+    """A shorter label for a narrow footer ("" when the label is short already)."""
 
 
 CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, SYSTEM_PROMPT, HELP = (
@@ -41,14 +43,18 @@ CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, SYSTEM_PROMPT, HELP = (
 
 REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("help.open", "f1", "Keys", "list every key and what it does", CHAT),
-    KeyBinding("mode.toggle", "ctrl+b", "Stream/Batch", "switch between stream and batch mode", CHAT),
+    KeyBinding("mode.toggle", "ctrl+b", "Stream/Batch", "switch between stream and batch mode", CHAT,
+               "Mode"),
     KeyBinding("reply.cancel", "escape", "Cancel", "cancel the reply in flight, keeping what arrived", CHAT),
-    KeyBinding("hud.toggle", "f2", "HUD", "show or hide the HUD", CHAT),
+    KeyBinding("hud.toggle", "f2", "HUD", "show or hide the HUD (over the chat when narrow)", CHAT),
+    # Not f6 / f7: the prompt (a TextArea) selects the line and all its text with those.
+    KeyBinding("hud.overlay", "f8", "HUD over chat", "show the HUD over the chat, at any width", CHAT,
+               "Over"),
     KeyBinding("hud.charts", "f5", "Charts", "open the HUD's latency charts", CHAT),
     # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
-    KeyBinding("copy.reply", "f3", "Copy reply", "copy the last reply", CHAT),
-    KeyBinding("copy.code", "f4", "Copy code", "copy the last code block of the last reply", CHAT),
-    KeyBinding("history.open", "ctrl+o", "History", "list the saved conversations", CHAT),
+    KeyBinding("copy.reply", "f3", "Copy reply", "copy the last reply", CHAT, "Copy"),
+    KeyBinding("copy.code", "f4", "Copy code", "copy the last code block of the last reply", CHAT, "Code"),
+    KeyBinding("history.open", "ctrl+o", "History", "list the saved conversations", CHAT, "List"),
     KeyBinding("conversation.new", "ctrl+n", "New", "start a new conversation", CHAT),
     KeyBinding("app.quit", "ctrl+q", "Quit", "quit llmchat", CHAT),
     KeyBinding("prompt.send", "enter", "Send", "send the prompt (kept while a reply is coming)", PROMPT),

@@ -130,13 +130,13 @@ class UISettings:
     """The chat app."""
 
     theme: str = "textual-dark"
-    """A Textual theme name."""
+    """A Textual theme name, such as nord, gruvbox or dracula (an unknown one is an error)."""
     sla_ttft_ms: float = 200.0
     """Stream mode: a time to first token above this is coloured as a miss."""
     sla_total_ms: float = 3000.0
     """Batch mode: a total latency above this is coloured as a miss."""
     stall_s: float = 3.0
-    """Show a stall badge when no token has arrived for this many seconds."""
+    """Seconds without a token after which a reply shows as stalled (under it, and as a badge in the HUD)."""
     hud_history: int = 60
     """How many recent requests the HUD charts and percentiles cover."""
     show_hud: bool = True

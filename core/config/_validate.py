@@ -450,10 +450,25 @@ def _leaf(hint: object, value: object, parts: tuple[str, ...], rule_key: str, so
     try:
         converted = check_type(hint, value)
     except _Invalid as exc:
-        raise source.invalid(parts, rule.expectation if rule else exc.expectation, value) from None
+        error = source.invalid(parts, rule.expectation if rule else exc.expectation, value)
+        close = _closest_choice(hint, value) if not is_secret_path(parts) else None
+        raise (ConfigError(f"{error} (did you mean {toml_value(close)}?)") if close else error) from None
     if rule is not None and not rule.ok(converted):
         raise source.invalid(parts, rule.expectation, value)
     return converted
+
+
+def _closest_choice(hint: object, value: object) -> str | None:
+    """The string choice of a ``Literal`` in ``hint`` closest to a mistyped string ``value``, if one is close
+    (``"alwasy"`` -> ``"always"``; case is forgiven, so ``"H2C"`` -> ``"h2c"``)."""
+    if not isinstance(value, str):
+        return None
+    hints = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    literals = [h for h in hints if typing.get_origin(h) is Literal]
+    choices = [a for h in literals for a in typing.get_args(h) if isinstance(a, str)]
+    by_fold = {c.casefold(): c for c in choices}
+    close = difflib.get_close_matches(value.casefold(), list(by_fold), n=1)
+    return by_fold[close[0]] if close else None
 
 
 def validate_value(parts: Sequence[str], value: object, source: Source) -> Any:

@@ -299,6 +299,18 @@ class Metrics:
             return None  # the attempt after the wait got its response headers
         return str(event.describe())
 
+    @property
+    def running(self) -> TimingRecord | None:
+        """The request in flight that started last (its record fills in as it runs); None when none is."""
+        return next(reversed(self._live.values()), None)
+
+    def planned_retry(self, record: TimingRecord) -> tuple[Any, int] | None:
+        """The retry last planned for ``record`` (a RetryEvent) and when it was planned (perf_counter_ns),
+        until the request's first token or end; None when none is."""
+        if self._retry is None or self._retry[0] is not record:
+            return None
+        return self._retry[2], self._retry[3]
+
     def series(self, name: Series) -> list[float]:
         """A new list of the window's values, oldest first (a new list, so a Sparkline sees a change)."""
         return list(self._windows[name])

@@ -23,10 +23,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from llmchat.tui.app import Offline, make_app
-    from llmchat.tui.keys import check_keymap
+    from llmchat.tui.checks import check_face_settings
 
     settings = load_settings(args.config)
-    check_keymap(settings.keymap)  # one line and exit 2 now, before a server starts or the screen opens
+    check_face_settings(settings)  # one line and exit 2 now, before a server starts or the screen opens
     if args.metrics_port is not None:
         from llmchat.core.observe._prometheus import load_prometheus_client
 

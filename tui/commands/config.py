@@ -60,11 +60,12 @@ def _path(config: str | None) -> int:
 
 
 def _check(config: str | None) -> int:
-    from llmchat.tui.keys import check_keymap  # Textual's key names; no other command needs Textual
+    # Textual's theme and key names; no other command needs Textual.
+    from llmchat.tui.checks import check_face_settings
 
     path, _ = config_path_in_use(config, os.environ)
     settings = load_settings(config)
-    check_keymap(settings.keymap)
+    check_face_settings(settings)
     provider = resolve_provider(settings)
     count = len(settings.providers)
     default = provider.name if provider is not None else "the local server"

@@ -10,6 +10,7 @@ from textual.await_remove import AwaitRemove
 from textual.containers import VerticalScroll
 from textual.geometry import Size
 from textual.widget import AwaitMount, Widget
+from textual.widgets import Static
 from textual.worker import Worker
 
 from llmchat.tui.widgets.chat._frozen import FrozenLines
@@ -21,6 +22,17 @@ _PAUSE_S = 0.001
 """Pause between background slices: input and frames get the loop in between."""
 _LAYOUT_EVERY_NS = 250_000_000
 """Heights found by background rendering are laid out at most this often."""
+
+
+class Welcome(Static):
+    """What an empty conversation says until its first message: muted, gone with the first message."""
+
+    DEFAULT_CSS = """
+    Welcome {
+        color: $text-muted;
+        padding: 1 2;
+    }
+    """
 
 
 class Conversation(VerticalScroll):
@@ -62,20 +74,41 @@ class Conversation(VerticalScroll):
         # Textual keeps "released" private; it is the other half of the anchor state.
         return self.is_anchored and not self._anchor_released
 
+    def show_welcome(self, text: str) -> None:
+        """Say ``text`` (plain, no markup) while the conversation is empty; the first message removes it."""
+        self._drop_welcome()
+        if not self.messages():
+            self.mount(Welcome(text, markup=False))
+
+    @property
+    def welcome(self) -> str:
+        """The welcome shown now, "" when there is none."""
+        shown = [w for w in self.children if isinstance(w, Welcome)]
+        return str(shown[0].content) if shown else ""
+
+    def _drop_welcome(self) -> None:
+        for widget in self.children:
+            if isinstance(widget, Welcome):
+                widget.remove()
+
     def add_user(self, text: str) -> UserMessage:
         """Mount the user's message at the end and return it (mounting completes on the next turn)."""
+        self._drop_welcome()
         message = UserMessage(text)
         self.mount(message)
         return message
 
     def add_assistant(
-        self, text: str = "", *, status: Status | None = None, note: str = "", frame_rate: float = 60.0
+        self, text: str = "", *, status: Status | None = None, note: str = "", label: str | None = None,
+        frame_rate: float = 60.0,
     ) -> ChatMessage:
         """Mount an assistant reply at the end and return it: streaming unless ``status`` is given.
 
-        ``frame_rate`` caps the frames a second while it streams; ValueError unless positive.
+        ``label`` is its muted first row (the model); ``frame_rate`` caps the frames a second while it
+        streams; ValueError unless positive.
         """
-        message = ChatMessage(text, status=status, note=note, frame_rate=frame_rate)
+        self._drop_welcome()
+        message = ChatMessage(text, status=status, note=note, label=label, frame_rate=frame_rate)
         self.mount(message)
         return message
 
@@ -88,6 +121,8 @@ class Conversation(VerticalScroll):
         the user has scrolled up, the view is moved with the text it shows, so that stays put.
         """
         widgets = list(messages)
+        if widgets:
+            self._drop_welcome()
         # Before its first layout the conversation has no size; the screen's is an upper bound.
         size = self.size if self.size.area else self.app.size
         budget = size.height * 2

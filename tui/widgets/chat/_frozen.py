@@ -125,6 +125,11 @@ class FrozenLines(Widget):
     def first_painted(self) -> None:
         """Called when a row is first painted; subclasses start work that only matters once seen."""
 
+    def row_after_lines(self, index: int, width: int) -> Line | None:
+        """What is painted ``index`` rows below the last line (0 is the row right after it), ``width`` cells
+        wide, in rows a subclass reserves beyond its lines (``content_height``); None paints a blank row."""
+        return None
+
     # -- Textual
 
     def left_margin(self) -> Segment:
@@ -181,9 +186,14 @@ class FrozenLines(Widget):
         lines = self.lines_for(self._inner(width))
         # visual_style is cached per style change; rich_style walks every ancestor on each call.
         style = self.visual_style.rich_style
-        if not 0 <= y < len(lines):
-            return Strip.blank(width, style)
-        row = [self.left_margin(), *lines[y], Segment(" " * self.RIGHT)]
+        if 0 <= y < len(lines):
+            line = lines[y]
+        else:
+            after = self.row_after_lines(y - len(lines), self._inner(width)) if y >= len(lines) else None
+            if after is None:
+                return Strip.blank(width, style)
+            line = after
+        row = [self.left_margin(), *line, Segment(" " * self.RIGHT)]
         return Strip(Segment.apply_style(row, style), width)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from time import perf_counter_ns, thread_time_ns
 from typing import Literal, get_args
 
@@ -26,8 +27,9 @@ from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
 from llmchat.tui.widgets.chat._frozen import FrozenLines, bar
 from llmchat.tui.widgets.chat._lines import Line
 
-Status = Literal["done", "cancelled", "error", "cached"]
-"""How a reply ended: complete, stopped by the user, failed, or served from the cache."""
+Status = Literal["done", "cancelled", "interrupted", "error", "cached"]
+"""How a reply ended: complete, stopped by the user, cut off by quitting or a crash (a reply from history),
+failed, or served from the cache."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
@@ -51,6 +53,18 @@ _COSTS_KEPT = 9
 the frame was on screen (the HUD's own repaint, the network), and now and then a layout of the whole
 screen, which comes with rows of growth, not with frames; a median leaves those out, an average would
 charge them to every frame and lower the frame rate for them."""
+LIVE_INTERVAL_S = 0.1
+"""How often a followed state line is read and, when it changed, repainted: 10 times a second."""
+_FLOWING_NS = 100_000_000
+"""Text painted this recently means tokens are flowing: a changed state line then waits for the next frame,
+which repaints it with the text in the same screen update, instead of costing a screen update of its own."""
+_FLOWING_EVERY_NS = 500_000_000
+"""While tokens flow the text shows the reply moving, and the state line (tokens so far, the time) is
+repainted twice a second rather than ten times: each repaint adds a row to a frame."""
+
+LiveState = Callable[[int, int], tuple[str, Text]]
+"""What ``ChatMessage.follow`` reads on its ticker: given ``perf_counter_ns()`` and the width in cells, the
+reply's label and its state line (one row; longer text is cut)."""
 
 
 def _same(old: Line, new: Line) -> bool:
@@ -94,7 +108,10 @@ class UserMessage(FrozenLines):
 class ChatMessage(FrozenLines):
     """An assistant reply: Markdown, streamed in with ``append``, ended with ``finish``.
 
-    A reply made with a ``status`` is finished from the start (a reply from history).
+    A reply made with a ``status`` is finished from the start (a reply from history). A ``label`` (the model
+    that answers) is a muted first row. While it streams, a reply can ``follow`` a live state: one row under
+    the text, read and repainted on a ticker of its own at most 10 times a second, never per token and never
+    with a layout (the rows reserved below a streaming reply hold it).
     """
 
     DEFAULT_CSS = """
@@ -131,6 +148,7 @@ class ChatMessage(FrozenLines):
         *,
         status: Status | None = None,
         note: str = "",
+        label: str | None = None,
         frame_rate: float = 60.0,
         name: str | None = None,
         id: str | None = None,
@@ -138,7 +156,7 @@ class ChatMessage(FrozenLines):
     ) -> None:
         """``frame_rate``: most frames a second while streaming (deltas arriving faster are coalesced);
         must be positive. Textual paints at most 60 times a second (``TEXTUAL_FPS``), so more gains
-        nothing."""
+        nothing. ``label``: the first row, muted (None: no label row)."""
         if frame_rate <= 0:
             raise ValueError(f"frame_rate must be positive, got {frame_rate!r}")
         super().__init__(name=name, id=id, classes=classes)
@@ -168,6 +186,23 @@ class ChatMessage(FrozenLines):
         """While streaming: (width, height reserved at that width)."""
         self.renders = 0
         """Frames that took in new text (highlighting slices not counted): the coalescing at work."""
+        self._label = label
+        self._label_cache: tuple[object, Line] = (None, ())
+        self._live: LiveState | None = None
+        self._live_text: Text | None = None
+        self._live_line: Line | None = None
+        """The state row as last rendered, while a followed reply streams."""
+        self._live_row: int | None = None
+        """Where the state row was last placed (the row after the text), to repaint it when it moves."""
+        self._live_handle: asyncio.TimerHandle | None = None
+        self._live_dirty = False
+        """The state row changed and waits for the next frame to be painted with it."""
+        self._text_frame_ns = 0
+        """When a frame last took in text."""
+        self._live_read_ns = 0
+        """When the state was last read and found changed."""
+        self.live_repaints = 0
+        """How many ticks repainted the state row (it is repainted only when its text changed)."""
         if status is not None:
             self._end(status, note)
         else:
@@ -189,6 +224,16 @@ class ChatMessage(FrozenLines):
     def note(self) -> str:
         """The note shown under the reply (timing, or the error)."""
         return self._note
+
+    @property
+    def label(self) -> str | None:
+        """The muted first row (the model), or None for none."""
+        return self._label
+
+    @property
+    def live_text(self) -> str:
+        """The state line as last painted ("" when there is none): for the shell and for tests."""
+        return "" if self._live_text is None else self._live_text.plain
 
     @property
     def is_final(self) -> bool:
@@ -226,6 +271,37 @@ class ChatMessage(FrozenLines):
         if self._handle is None and self.is_mounted and self.is_attached:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
 
+    def follow(self, state: LiveState, *, interval_s: float = LIVE_INTERVAL_S) -> None:
+        """Show ``state`` under the text while the reply streams: read every ``interval_s`` seconds (at least
+        0.1: ValueError below), repainted only when it changed, gone with ``finish``. A label it returns
+        replaces the reply's. Ignored once the reply is finished."""
+        if interval_s < LIVE_INTERVAL_S:
+            raise ValueError(f"interval_s must be at least {LIVE_INTERVAL_S}, got {interval_s!r}")
+        if self._status is not None:
+            return
+        self._live = state
+        self._live_interval_s = interval_s
+        if self._label is None:
+            self._label = ""  # the row is held from the start, so naming the model later moves nothing
+            self.invalidate_lines()
+        if self.is_mounted:
+            self.refresh(layout=True)
+            self._live_tick()
+
+    def set_label(self, label: str | None) -> None:
+        """Change the muted first row (None removes it)."""
+        if label == self._label:
+            return
+        self._label = label
+        if self.is_mounted:
+            self._render_deadline_ns = perf_counter_ns() + _RENDER_SLICE_NS
+            try:
+                self._repaint()
+            finally:
+                self._render_deadline_ns = None
+        else:
+            self.invalidate_lines()
+
     def finish(self, *, status: Status = "done", note: str = "") -> None:
         """End the reply: render the final text whole, correctly, and show the status line.
 
@@ -241,6 +317,7 @@ class ChatMessage(FrozenLines):
             return
         self._end(status, note)
         self.remove_class("-streaming")
+        self._stop_live()
         if self.is_mounted:
             self._frame()
 
@@ -261,7 +338,52 @@ class ChatMessage(FrozenLines):
         self._status, self._note = status, note
         self.add_class(f"-{status}")
 
+    def _stop_live(self) -> None:
+        if self._live_handle is not None:
+            self._live_handle.cancel()
+            self._live_handle = None
+        self._live = None
+        self._live_text = self._live_line = None
+
+    def _live_tick(self) -> None:
+        """Read the state, repaint its row if it changed (one row, no layout), and come back."""
+        self._live_handle = None
+        state = self._live
+        if state is None or self._status is not None or not self.is_attached:
+            return
+        width = self.inner_width
+        now = perf_counter_ns()
+        flowing = self._handle is not None or now - self._text_frame_ns < _FLOWING_NS
+        if width > 0 and not (flowing and now - self._live_read_ns < _FLOWING_EVERY_NS):
+            label, text = state(now, width)
+            if label != self._label:
+                self.set_label(label)
+            if text != self._live_text:
+                self._live_text, self._live_read_ns = text, now
+                self._live_line = self.renderer.line(text, width)
+                row = len(self.lines_for(width))
+                if self.content_height(width) != self.content_size.height:
+                    # The row is not laid out yet (followed after mounting): paint it on the next tick.
+                    self.refresh(layout=True)
+                    self._live_text = None
+                elif flowing and not self._live_dirty:
+                    self._live_dirty = True  # the next frame paints it; if none comes, the next tick does
+                else:
+                    rows = {row} if self._live_row is None else {row, self._live_row}
+                    top, bottom = min(rows), max(rows) + 1
+                    self.refresh(Region(0, top, self.content_size.width, bottom - top))
+                    self._live_row, self._live_dirty = row, False
+                    self.live_repaints += 1
+        self._live_handle = asyncio.get_running_loop().call_later(self._live_interval_s, self._live_tick)
+
+    def row_after_lines(self, index: int, width: int) -> Line | None:
+        if index == 0 and self._live_line is not None and self._status is None:
+            return self._live_line
+        return None
+
     def on_mount(self) -> None:
+        if self._live is not None and self._live_handle is None:
+            self._live_tick()
         if self._pending:
             self._schedule(0)
         elif self._doc.finished:
@@ -275,6 +397,9 @@ class ChatMessage(FrozenLines):
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if self._live_handle is not None:
+            self._live_handle.cancel()
+            self._live_handle = None
 
     def first_painted(self) -> None:
         if self._doc.finished and self._handle is None and not self._final.is_set():
@@ -282,7 +407,8 @@ class ChatMessage(FrozenLines):
 
     def estimate_height(self, width: int) -> int:
         status = 1 if self._status_text() is not None else 0
-        return estimate_rows(self._doc.text, width) + status
+        label = 1 if self._label is not None else 0
+        return label + estimate_rows(self._doc.text, width) + status
 
     def _schedule(self, delay_ns: int) -> None:
         """Run a frame in ``delay_ns``, or on the next turn of the loop if that is 0 or less."""
@@ -323,6 +449,7 @@ class ChatMessage(FrozenLines):
             first_arrival, self._first_arrival_ns = self._first_arrival_ns, None
         if first_arrival is not None:
             self.renders += 1
+            self._text_frame_ns = start
             if self._unpainted_ns is None or first_arrival < self._unpainted_ns:
                 self._unpainted_ns = first_arrival
         self._doc.bind(self.renderer)
@@ -365,6 +492,19 @@ class ChatMessage(FrozenLines):
         if len(before) == len(after):
             while last > first and _same(before[last - 1], after[last - 1]):
                 last -= 1
+        # The state row sits right after the text: when the text gains or loses rows it moves, and both its
+        # old row and its new one are painted again.
+        live_row = len(after) if self._live_line is not None and self._status is None else None
+        if live_row != self._live_row or (self._live_dirty and live_row is not None):
+            moved = [row for row in (live_row, self._live_row) if row is not None]
+            if first < last:
+                first, last = min(first, *moved), max(last, *(row + 1 for row in moved))
+            else:
+                first, last = min(moved), max(moved) + 1
+            if self._live_dirty:
+                self._live_dirty = False
+                self.live_repaints += 1
+            self._live_row = live_row
         # Against the height laid out now: finishing drops the rows reserved below the text.
         layout = self.content_height(width) != self.content_size.height
         if first < last:
@@ -376,9 +516,12 @@ class ChatMessage(FrozenLines):
         lines = len(self.lines_for(width))
         if self._status is not None:
             return lines
+        # A followed reply holds a row for its state under the text.
+        needed = lines + (1 if self._live is not None else 0)
         reserved_width, reserved = self._reserved
-        if reserved_width != width or lines > reserved:
-            reserved = lines + self._headroom(lines) if lines else 0
+        if reserved_width != width or needed > reserved:
+            text_rows = lines - (1 if self._label is not None else 0)
+            reserved = lines + self._headroom(lines) if text_rows > 0 else needed
             self._reserved = (width, reserved)
         return reserved
 
@@ -409,9 +552,19 @@ class ChatMessage(FrozenLines):
         self._doc.bind(self.renderer)
         lines = self._doc.lines(width, self._render_deadline_ns)
         status = self._status_text() if self._doc.complete(width) else None
+        if self._label is not None:
+            lines = [self._label_line(width), *lines]
         if status is None:
             return lines
         return [*lines, *self.renderer.rich(status, width)]
+
+    def _label_line(self, width: int) -> Line:
+        # Built once per label, width and theme: the lines are built again on every frame while streaming.
+        key = (self._label, width, self.app.theme)
+        if self._label_cache[0] != key:
+            label = Text(self._label or "", style="status.label", end="")
+            self._label_cache = (key, self.renderer.line(label, width))
+        return self._label_cache[1]
 
     def _status_text(self) -> Text | None:
         status, note = self._status, self._note
@@ -423,7 +576,9 @@ class ChatMessage(FrozenLines):
             return Text.assemble(
                 ("error", "status.error"), (f": {note}" if note else "", "status.error"), end=""
             )
-        label = ("cancelled", "status.warning") if status == "cancelled" else ("from cache", "status.cached")
+        label = {"cancelled": ("cancelled", "status.warning"),
+                 "interrupted": ("interrupted: the reply was cut off", "status.warning")}.get(
+                     status, ("from cache", "status.cached"))
         return Text.assemble(label, (f" · {note}" if note else "", "status.muted"), end="")
 
 
