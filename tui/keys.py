@@ -46,7 +46,7 @@ REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("hud.toggle", "f2", "HUD", "show or hide the HUD", CHAT),
     KeyBinding("hud.charts", "f5", "Charts", "open the HUD's latency charts", CHAT),
     # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
-    KeyBinding("copy.reply", "f3", "Copy", "copy the selected message, else the last reply", CHAT),
+    KeyBinding("copy.reply", "f3", "Copy reply", "copy the selected message, else the last reply", CHAT),
     KeyBinding("copy.code", "f4", "Copy code",
                "copy the last code block of the selected message (else the last reply); again: the one before",
                CHAT),
