@@ -25,7 +25,7 @@ from llmchat.core.server._subprocess import SubprocessServer
 __all__ = ["quick"]  # the module's server fixture, used here
 
 CTRL_R, CTRL_F, F8 = "\x12", "\x06", "\x1b[19~"
-ALT_LEFT = "\x1b[1;3D"
+ALT_LEFT, ALT_UP = "\x1b[1;3D", "\x1b[1;3A"
 
 
 def rows(path: Path) -> list[tuple[int, str, str, int | None]]:
@@ -51,6 +51,11 @@ def test_regenerate_then_switch_back(terminals: TerminalSession, quick: Subproce
     t.write(ALT_LEFT)
     t.wait_for("‹ 1/2 ›", STEP_S, what="the first reply shown again")
     t.wait_for(lambda _s: leaf(terminals.history_path) == first, STEP_S, what="the first reply's branch saved")
+    # Alt+Up twice from the reply selected by the switch: the prompt; F3 copies it.
+    t.write(ALT_UP)
+    t.write(ALT_UP)
+    t.press("f3")
+    t.wait_for("selected prompt copied", STEP_S, what="the selected prompt copied")
     quit_app(t)
 
 
