@@ -15,7 +15,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -414,29 +413,21 @@ class Database:
                 " FROM conversations c WHERE c.id = ?", (conv_id,)).fetchone()
             if row is None:
                 raise self.not_found(conv_id)
-            links = self._links(conv_id)
-            parents = dict(links)
-            children = children_of(links)
-            path = branch_ids(parents, row[13])
-            rows = self._rows(path)
-        messages = [replace(m, alternatives=alternatives(children, parents, m.id)) for m in map(_message, rows)]
+            # One query for every message, as when a conversation was a line: alternatives are few, and
+            # asking for the branch's rows by id costs more than reading the others.
+            rows = self.conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?"
+                                     " ORDER BY id", (conv_id,)).fetchall()
+        by_id = {int(r[0]): r for r in rows}
+        parents = {msg_id: (None if r[11] is None else int(r[11])) for msg_id, r in by_id.items()}
+        children = children_of(parents.items())
+        messages = [_message(by_id[msg_id], alternatives(children, parents, msg_id))
+                    for msg_id in branch_ids(parents, row[13])]
         return Conversation(info=_info(row[:7]), system_prompt=str(row[7]), messages=messages,
                             origin=_origin(row[8]), base_url=str(row[9]), generation=_generation(row[10:13]))
 
     def _links(self, conv_id: int) -> list[tuple[int, int | None]]:
         return [(int(i), None if p is None else int(p)) for i, p in self.conn.execute(
             "SELECT id, parent_id FROM messages WHERE conversation_id = ?", (conv_id,))]
-
-    def _rows(self, ids: list[int]) -> list[tuple[Any, ...]]:
-        rows: list[tuple[Any, ...]] = []
-        # SQLite caps a statement's parameters (32,766 since 3.32, 999 before): ask in slices.
-        for start in range(0, len(ids), 500):
-            part = ids[start:start + 500]
-            rows += self.conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id IN ({','.join('?' * len(part))})",
-                part).fetchall()
-        rows.sort(key=lambda r: int(r[0]))
-        return rows
 
     def select(self, conv_id: int, msg_id: int) -> None:
         """Makes the branch through ``msg_id`` current: nothing changes when it is on the current branch
@@ -591,8 +582,8 @@ _MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, error, provider
                     " created_at, parent_id")
 
 
-def _message(row: tuple[Any, ...]) -> Message:
+def _message(row: tuple[Any, ...], alternatives: tuple[int, ...] = ()) -> Message:
     return Message(id=int(row[0]), conversation_id=int(row[1]), role=row[2], content=str(row[3]),
                    status=row[4], error=row[5], provider=str(row[6]), model=str(row[7]), mode=str(row[8]),
                    record=_record(row[9]), created_at=float(row[10]),
-                   parent_id=None if row[11] is None else int(row[11]))
+                   parent_id=None if row[11] is None else int(row[11]), alternatives=alternatives)
