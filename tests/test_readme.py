@@ -379,3 +379,30 @@ async def test_export_row(tmp_path: Path) -> None:
     done = run([LLMCHAT, "export", str(conv), "--format", "json", "-o", str(out)])
     assert done.returncode == 0, done.stderr
     assert "12.5" in out.read_text() and oct(out.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_search_row() -> None:
+    from llmchat.core.history._store import HistoryStore
+
+    store = HistoryStore()  # the default path under $XDG_DATA_HOME, as the app writes it
+    await store.open()
+    try:
+        conv = await store.new_conversation(title="kettles", provider="local", model="m")
+        await store.add_user_message(conv, "When does the kettle whistle?")
+        reply = await store.start_reply(conv, provider="local", model="m", mode="stream")
+        writer = store.reply_writer(reply)
+        writer.append("At a rolling boil.")
+        await writer.finish(status="done")
+    finally:
+        await store.aclose()
+    done = run([LLMCHAT, "search", "rolling", "boi"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{conv}:{reply}\tkettles\tassistant\tAt a [rolling] [boil]."]
+    done = run([LLMCHAT, "search", "kettle", "--json", "--limit", "1"])
+    assert done.returncode == 0, done.stderr
+    (hit,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (hit["conversation_id"], hit["role"], hit["title"]) == (conv, "user", "kettles")
+    done = run([LLMCHAT, "search", "teapot"])
+    assert (done.returncode, done.stdout) == (1, "") and "no message holds" in done.stderr
+    done = run([LLMCHAT, "search", "--limit", "0", "kettle"])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--limit must be at least 1" in done.stderr

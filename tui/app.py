@@ -59,6 +59,7 @@ from llmchat.core.history import (
 from llmchat.core.observe import TimingRecord, attach_observers, start_exporter
 from llmchat.tui.checks import check_theme
 from llmchat.tui.fit import fit
+from llmchat.tui.branches import BranchActions
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.request_state import RequestWatch
@@ -131,7 +132,7 @@ def _held_text(conv: SavedConversation) -> str:
     return f"{conv.info.provider} · {model}{where}"
 
 
-class ChatApp(App[None]):
+class ChatApp(BranchActions, App[None]):
     """llmchat's interactive chat. Build it with :func:`make_app`."""
 
     CSS_PATH = "app.tcss"
@@ -147,6 +148,13 @@ class ChatApp(App[None]):
         binding("hud.charts", "hud_detail"),
         binding("copy.reply", "copy_reply"),
         binding("copy.code", "copy_code"),
+        binding("select.previous", "select(-1)", show=False),
+        binding("select.next", "select(1)", show=False),
+        binding("reply.regenerate", "regenerate", show=False),
+        binding("message.edit", "edit", show=False),
+        binding("alternative.previous", "alternative(-1)", show=False),
+        binding("alternative.next", "alternative(1)", show=False),
+        binding("search.open", "search", show=False),
         binding("history.open", "history"),
         binding("conversation.new", "new_conversation"),
         binding("help.open", "keys_help"),
@@ -225,8 +233,11 @@ class ChatApp(App[None]):
                                  classes="" if self.sub_title else "-untitled")
                     yield Static(self._badge_text(), id="badge", markup=False)
                 yield Conversation(id="conversation")
-                yield PromptInput(id="prompt", send_keys=self.keys_in_effect["prompt.send"],
-                                  newline_keys=self.keys_in_effect["prompt.newline"], hold_on_send=True)
+                prompt = PromptInput(id="prompt", send_keys=self.keys_in_effect["prompt.send"],
+                                     newline_keys=self.keys_in_effect["prompt.newline"], hold_on_send=True)
+                prompt.use_reading_keys({where: self.keys_in_effect[f"conversation.{where}"]
+                                         for where in PromptInput.READING})
+                yield prompt
             yield Hud(bus=self.client.bus, ui=self.settings.ui, id="hud")
         yield KeyFooter()
 
@@ -479,24 +490,12 @@ class ChatApp(App[None]):
 
     def action_cancel_reply(self) -> None:
         # Not a priority binding: over a modal, Esc is the modal's own (a rename backs out before the list
-        # closes), and app bindings do not reach into a modal.
+        # closes), and app bindings do not reach into a modal. With no reply in flight it backs out of an
+        # edit, then out of a selection.
         if self.replying:
             self.workers.cancel_group(self, "reply")
-
-    def action_copy_reply(self) -> None:
-        if self._last_reply is None or not self._last_reply.text:
-            self.notify("nothing to copy yet", severity="warning")
-            return
-        self.copy_to_clipboard(self._last_reply.text)
-        self.notify("reply copied", timeout=2)
-
-    def action_copy_code(self) -> None:
-        blocks = self._last_reply.code_blocks() if self._last_reply is not None else []
-        if not blocks:
-            self.notify("the last reply has no code block", severity="warning")
-            return
-        self.copy_to_clipboard(blocks[-1])
-        self.notify("code block copied", timeout=2)
+        elif not self.stop_editing():
+            self.query_one(Conversation).select(None)
 
     async def action_new_conversation(self) -> None:
         if self.replying:
@@ -504,6 +503,7 @@ class ChatApp(App[None]):
         self.conversation_id = None
         self.history = []
         self.system_prompt = ""
+        self._editing = None
         await self.query_one(Conversation).clear()
         self._last_reply = None
         self.sub_title = ""
@@ -729,21 +729,32 @@ class ChatApp(App[None]):
         return None, "which is not configured here"
 
     # -- conversation ----------------------------------------------------------------------------------------
-    async def _load_conversation(self, conv_id: int, *, at_start: bool = False) -> None:
+    async def _load_conversation(self, conv_id: int, *, at_start: bool = False,
+                                 at_message: int | None = None) -> None:
         """Shows conversation ``conv_id`` and goes on with its system prompt, generation settings, provider
-        and model (see ``_reconnect``; ``at_start``: opened by the command line)."""
-        conv = await self.store.load(conv_id)
+        and model (see ``_reconnect``; ``at_start``: opened by the command line). ``at_message``: on the
+        branch through that message (made current), which is selected and brought into view."""
+        conv = await (self.store.load(conv_id) if at_message is None else self.store.select(conv_id, at_message))
         self.conversation_id = conv_id
         self.system_prompt = conv.system_prompt
         self.generation = conv.generation
+        self._editing = None
         await self._reconnect(conv, at_start=at_start)
+        await self._show(conv)
+        self.sub_title = conv.info.title
+        if at_message is not None:
+            self.call_after_refresh(self._select_message, at_message)
+
+    async def _show(self, conv: SavedConversation) -> None:
+        """Shows the current branch of ``conv`` (all of it, in one mount) and goes on from its end."""
         self.history = [m for m in conv.messages_for_api() if m["role"] != "system"]
         view = self.query_one(Conversation)
         await view.clear()
         widgets: list[UserMessage | ChatMessage] = []
         for msg in conv.messages:
+            widget: UserMessage | ChatMessage
             if msg.role == "user":
-                widgets.append(UserMessage(msg.content))
+                widget = UserMessage(msg.content)
             elif msg.role == "assistant":
                 # "interrupted": llmchat quit mid-reply; "streaming": the process writing it was killed.
                 # Either way the reply was cut off, and it must not look whole, nor as if the user stopped it.
@@ -753,12 +764,15 @@ class ChatApp(App[None]):
                 note = msg.error or reply_note(msg.record)
                 # The model that answered: the server's own name for it when the record has one.
                 label = (msg.record or {}).get("model") or msg.model or None
-                widgets.append(ChatMessage(msg.content, status=status, note=note, label=label))
+                widget = ChatMessage(msg.content, status=status, note=note, label=label)
+            else:
+                continue
+            widget.message_id, widget.alternatives = msg.id, msg.alternatives
+            widgets.append(widget)
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
         replies = [w for w in widgets if isinstance(w, ChatMessage)]
         self._last_reply = replies[-1] if replies else None
-        self.sub_title = conv.info.title
 
     def _messages(self) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -775,17 +789,23 @@ class ChatApp(App[None]):
             return
         # Saved before the request goes out: a crash from here on loses nothing the user typed. A message that
         # cannot be saved (the file is locked) goes back into the input and is not sent.
+        edit_of = self._editing
         try:
-            await self._save_prompt(text)
+            msg_id = await self._save_prompt(text, alternative_to=edit_of)
         except HistoryError as exc:
             self.query_one(PromptInput).restore(event.text)
             self.notify(f"{exc}; your message is back in the input", severity="error", timeout=15,
                         markup=False)
             self._hold_prompt()  # nothing went out: the prompt is free to send it again
             return
-        self.history.append({"role": "user", "content": text})
         view = self.query_one(Conversation)
-        view.add_user(text)
+        if edit_of is not None and self.conversation_id is not None:
+            # A new branch from the edited prompt: the screen shows it, the old one is kept.
+            self._editing, self._edit_saved = None, ""
+            await self._show(await self.store.load(self.conversation_id))
+        else:
+            self.history.append({"role": "user", "content": text})
+            view.add_user(text).message_id = msg_id
         reply = view.add_assistant(label=self.client.model)
         self._last_reply = reply
         self._reply(text, reply, self.stream_mode)
@@ -804,13 +824,14 @@ class ChatApp(App[None]):
         if conv_id == self.conversation_id and not self.sub_title:
             self.sub_title = conv.info.title
 
-    async def _save_prompt(self, text: str) -> None:
-        """Saves ``text`` as the next user message, in a new conversation when there is none, or when the one
-        on screen is gone from the history (deleted in another window, or the history fell back to memory)."""
+    async def _save_prompt(self, text: str, *, alternative_to: int | None = None) -> int:
+        """Saves ``text`` as the next user message (with ``alternative_to``, as that prompt's edit) and returns
+        its id, in a new conversation when there is none, or when the one on screen is gone from the history
+        (deleted in another window, or the history fell back to memory)."""
         if self.conversation_id is not None:
             try:
-                await self.store.add_user_message(self.conversation_id, text)
-                return
+                return await self.store.add_user_message(self.conversation_id, text,
+                                                         alternative_to=alternative_to)
             except ConversationNotFoundError:
                 self.notify("this conversation is no longer in the history; it goes on as a new one",
                             timeout=5)
@@ -819,10 +840,11 @@ class ChatApp(App[None]):
             system_prompt=self.system_prompt, provider=self.client.endpoint.name, model=self.client.model,
             origin=origin, base_url=base_url, generation=self.generation,
         )
-        await self.store.add_user_message(self.conversation_id, text)
+        return await self.store.add_user_message(self.conversation_id, text)
 
     @work(exclusive=True, group="reply")
-    async def _reply(self, prompt: str, reply: ChatMessage, stream: bool) -> None:
+    async def _reply(self, prompt: str, reply: ChatMessage, stream: bool,
+                     alternative_to: ChatMessage | None = None) -> None:
         client = self.client
         params = self.generation.params()  # this conversation's settings, sent with every request
         origin, base_url = self._origin(client)
@@ -841,8 +863,12 @@ class ChatApp(App[None]):
                 msg_id = await self.store.start_reply(
                     self.conversation_id, provider=client.endpoint.name, model=client.model,
                     mode="stream" if stream else "batch", origin=origin, base_url=base_url,
+                    alternative_to=None if alternative_to is None else alternative_to.message_id,
                 )
                 writer = self.store.reply_writer(msg_id)
+                reply.message_id = msg_id
+                if alternative_to is not None and alternative_to.message_id is not None:
+                    reply.alternatives = (*(alternative_to.alternatives or (alternative_to.message_id,)), msg_id)
             except HistoryError as exc:
                 # The prompt is saved; its answer still comes, unsaved, and the user knows.
                 self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
@@ -870,12 +896,15 @@ class ChatApp(App[None]):
             record = record or (exc.record if isinstance(exc.record, TimingRecord) else None)
             status, error = "error", str(exc)
             self.notify(error, severity="error", timeout=10)
-            # Nothing typed is lost: the prompt goes back into the input.
-            self.query_one(PromptInput).restore(prompt)
+            # Nothing typed is lost: the prompt goes back into the input (a regenerated reply's prompt is
+            # saved and still on screen: putting it back would send it twice).
+            if alternative_to is None:
+                self.query_one(PromptInput).restore(prompt)
         except UsageError as exc:
             status, error = "error", str(exc)
             self.notify(error, severity="error", timeout=10)
-            self.query_one(PromptInput).restore(prompt)
+            if alternative_to is None:
+                self.query_one(PromptInput).restore(prompt)
         except BaseException:
             # The worker was cancelled. While the app runs, the user did it (Esc, a new conversation): the
             # reply is "cancelled". Quitting or a crash cancels it too, after the app stopped running: the

@@ -37,9 +37,9 @@ class KeyBinding:
     """A shorter label for a narrow footer ("" when the label is short already)."""
 
 
-CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, SYSTEM_PROMPT, HELP = (
+CHAT, PROMPT, HISTORY, HUD, CHARTS, TEXT_INPUT, SYSTEM_PROMPT, HELP, SEARCH = (
     "chat screen", "prompt", "history list", "HUD", "HUD charts", "text input box", "system prompt editor",
-    "this list")
+    "this list", "search")
 
 REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("help.open", "f1", "Keys", "list every key and what it does", CHAT),
@@ -52,14 +52,38 @@ REGISTRY: tuple[KeyBinding, ...] = (
                "Over"),
     KeyBinding("hud.charts", "f5", "Charts", "open the HUD's latency charts", CHAT),
     # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.
-    KeyBinding("copy.reply", "f3", "Copy reply", "copy the last reply", CHAT, "Copy"),
-    KeyBinding("copy.code", "f4", "Copy code", "copy the last code block of the last reply", CHAT, "Code"),
+    KeyBinding("copy.reply", "f3", "Copy reply", "copy the selected message, else the last reply", CHAT, "Copy"),
+    KeyBinding("copy.code", "f4", "Copy code",
+               "copy the last code block of the selected message (else the last reply); again: the one before",
+               CHAT, "Code"),
+    # Alt+arrows: the prompt (a TextArea) moves its cursor with the bare and Ctrl/Shift arrows.
+    KeyBinding("select.previous", "alt+up", "Select ↑", "select the message before (first press: the last)",
+               CHAT),
+    KeyBinding("select.next", "alt+down", "Select ↓", "select the message after", CHAT),
+    KeyBinding("reply.regenerate", "ctrl+r", "Regenerate",
+               "ask for another reply to the last prompt; the old reply is kept as an alternative", CHAT),
+    KeyBinding("message.edit", "f9", "Edit",
+               "edit the selected prompt (else the last one); sending it starts a branch, Esc backs out", CHAT),
+    KeyBinding("alternative.previous", "alt+left", "◀ alt",
+               "show the previous alternative of the selected message (else the last one that has some)",
+               CHAT),
+    KeyBinding("alternative.next", "alt+right", "alt ▶",
+               "show the next alternative of the selected message (else the last one that has some)", CHAT),
+    KeyBinding("search.open", "ctrl+f", "Search", "search every conversation", CHAT),
     KeyBinding("history.open", "ctrl+o", "History", "list the saved conversations", CHAT, "List"),
     KeyBinding("conversation.new", "ctrl+n", "New", "start a new conversation", CHAT),
     KeyBinding("app.quit", "ctrl+q", "Quit", "quit llmchat", CHAT),
     KeyBinding("prompt.send", "enter", "Send", "send the prompt (kept while a reply is coming)", PROMPT),
     KeyBinding("prompt.newline", "shift+enter,ctrl+j,alt+enter", "New line",
                "insert a line break (Ctrl+J works everywhere)", PROMPT),
+    # The prompt keeps focus: it hands these to the conversation before its own editing keys see them.
+    KeyBinding("conversation.pageup", "pageup", "Page up", "scroll the conversation a page up", PROMPT),
+    KeyBinding("conversation.pagedown", "pagedown", "Page down", "scroll the conversation a page down",
+               PROMPT),
+    KeyBinding("conversation.top", "ctrl+home,home", "Top",
+               "scroll to the conversation's start (Home: when the prompt is empty)", PROMPT),
+    KeyBinding("conversation.bottom", "ctrl+end,end", "Bottom",
+               "scroll to the end and follow new text again (End: when the prompt is empty)", PROMPT),
     KeyBinding("history.resume", "enter", "Open", "open the conversation under the cursor", HISTORY),
     KeyBinding("history.rename", "r", "Rename", "rename the conversation under the cursor", HISTORY),
     KeyBinding("history.delete", "d", "Delete", "delete the conversation under the cursor", HISTORY),
@@ -73,6 +97,8 @@ REGISTRY: tuple[KeyBinding, ...] = (
                SYSTEM_PROMPT),
     KeyBinding("system.cancel", "escape", "Cancel", "close, keeping the system prompt as it was",
                SYSTEM_PROMPT),
+    KeyBinding("search.hit", "enter", "Open", "open the conversation at the highlighted hit", SEARCH),
+    KeyBinding("search.close", "escape", "Close", "close the search", SEARCH),
     KeyBinding("help.close", "escape", "Close", "close this list", HELP),
 )
 """In the help screen's order: grouped by where they apply."""

@@ -56,6 +56,7 @@ class ProviderCommands(Provider):
              partial(app.action_export, "json")),
             ("Toggle stream / batch mode", "", app.action_toggle_mode),
             ("History", "open, rename or delete conversations", app.action_history),
+            ("Search conversations", "find a message of any conversation by its words", app.action_search),
         ]
         current = next((key for key, client in app.clients.items() if client is app.client), None)
         keys = list(app.settings.providers)

@@ -1,5 +1,5 @@
 """Conversations in SQLite: the store and its streaming writer, the schema and its migrations, the file's
-state (read-only, damaged), export.
+state (read-only, damaged), the tree of alternatives, search, export.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from llmchat.core.history._model import (
     export_markdown,
     export_records_json,
 )
+from llmchat.core.history._search import SearchHit
 from llmchat.core.history._store import HistoryStore, ReplyWriter
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "HistoryStore",
     "Origin",
     "ReplyWriter",
+    "SearchHit",
     "export_folder",
     "export_markdown",
     "export_records_json",

@@ -44,6 +44,8 @@ from llmchat.core.history._model import (
     storable_url,
     title_from,
 )
+from llmchat.core.history._search import SearchHit, search
+from llmchat.core.history._tree import alternatives, branch_ids, children_of, newest_leaf_under
 
 T = TypeVar("T")
 
@@ -119,6 +121,32 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE conversations ADD COLUMN temperature REAL",
         "ALTER TABLE conversations ADD COLUMN seed INTEGER",
         "ALTER TABLE conversations ADD COLUMN max_tokens INTEGER",
+    ),
+    # 4: a conversation is a tree, and searchable. The tree (regenerate and edit keep every alternative): each
+    # message names its parent, each conversation the leaf of its current branch. Until now a conversation
+    # was one line, so each message's parent is the one before it and the leaf is the newest message.
+    (
+        "ALTER TABLE messages ADD COLUMN parent_id INTEGER",
+        "UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p"
+        " WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)",
+        "CREATE INDEX messages_by_parent ON messages (parent_id)",
+        "ALTER TABLE conversations ADD COLUMN leaf_id INTEGER",
+        "UPDATE conversations SET leaf_id = (SELECT MAX(m.id) FROM messages m"
+        " WHERE m.conversation_id = conversations.id)",
+        # And full-text search (FTS5) over every message. External content: the text is stored once, in
+        # messages; triggers keep the index in step with every insert, update of content and delete (a
+        # streaming reply's timed saves included), and 'rebuild' indexes what an existing database holds.
+        # A later migration that rebuilds messages must create these triggers again.
+        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id',"
+        " tokenize='unicode61 remove_diacritics 2')",
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",
     ),
 ]
 
@@ -375,36 +403,84 @@ class Database:
             raise self.not_found(conv_id)
 
     def load(self, conv_id: int) -> Conversation:
+        """The conversation with its current branch (see :mod:`llmchat.core.history._tree`), each message
+        knowing its alternatives."""
         with _transaction(self.conn, "BEGIN"):  # one snapshot: the count matches the messages
             row = self.conn.execute(
                 "SELECT c.id, c.title, c.created_at, c.updated_at, c.provider, c.model,"
                 " (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id), c.system_prompt,"
-                " c.origin, c.base_url, c.temperature, c.seed, c.max_tokens"
+                " c.origin, c.base_url, c.temperature, c.seed, c.max_tokens, c.leaf_id"
                 " FROM conversations c WHERE c.id = ?", (conv_id,)).fetchone()
             if row is None:
                 raise self.not_found(conv_id)
-            rows = self.conn.execute(
-                "SELECT id, conversation_id, role, content, status, error, provider, model, mode, record,"
-                " created_at FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,)).fetchall()
-        return Conversation(info=_info(row[:7]), system_prompt=str(row[7]),
-                            messages=[_message(r) for r in rows], origin=_origin(row[8]),
-                            base_url=str(row[9]), generation=_generation(row[10:13]))
+            # One query for every message, as when a conversation was a line: alternatives are few, and
+            # asking for the branch's rows by id costs more than reading the others.
+            rows = self.conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?"
+                                     " ORDER BY id", (conv_id,)).fetchall()
+        by_id = {int(r[0]): r for r in rows}
+        parents = {msg_id: (None if r[11] is None else int(r[11])) for msg_id, r in by_id.items()}
+        children = children_of(parents.items())
+        messages = [_message(by_id[msg_id], alternatives(children, parents, msg_id))
+                    for msg_id in branch_ids(parents, row[13])]
+        return Conversation(info=_info(row[:7]), system_prompt=str(row[7]), messages=messages,
+                            origin=_origin(row[8]), base_url=str(row[9]), generation=_generation(row[10:13]))
+
+    def _links(self, conv_id: int) -> list[tuple[int, int | None]]:
+        return [(int(i), None if p is None else int(p)) for i, p in self.conn.execute(
+            "SELECT id, parent_id FROM messages WHERE conversation_id = ?", (conv_id,))]
+
+    def select(self, conv_id: int, msg_id: int) -> None:
+        """Makes the branch through ``msg_id`` current: nothing changes when it is on the current branch
+        already, else the branch goes on from it by the newest child at each step. ValueError for a message
+        that is not in the conversation."""
+        with _transaction(self.conn):
+            row = self.conn.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+            if row is None:
+                raise self.not_found(conv_id)
+            links = self._links(conv_id)
+            parents = dict(links)
+            if msg_id not in parents:
+                raise ValueError(f"message {msg_id} is not in conversation {conv_id}")
+            if msg_id in branch_ids(parents, row[0]):
+                return
+            leaf = newest_leaf_under(children_of(links), msg_id)
+            self.conn.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf, conv_id))
+
+    def search(self, text: str, limit: int) -> list[SearchHit]:
+        return search(self.conn, text, limit)
+
+    def _parent_for(self, conv_id: int, alternative_to: int | None) -> int | None:
+        """The parent of a new message: the current leaf, or ``alternative_to``'s own parent (the new message
+        is its alternative). ValueError for a message that is not in the conversation."""
+        if alternative_to is None:
+            row = self.conn.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+        row = self.conn.execute("SELECT parent_id FROM messages WHERE id = ? AND conversation_id = ?",
+                                (alternative_to, conv_id)).fetchone()
+        if row is None:
+            raise ValueError(f"message {alternative_to} is not in conversation {conv_id}")
+        return None if row[0] is None else int(row[0])
 
     # -- messages -------------------------------------------------------------------------------------------
-    def add_message(self, conv_id: int, role: Role, text: str) -> int:
+    def add_message(self, conv_id: int, role: Role, text: str, alternative_to: int | None = None) -> int:
         now = time.time()
         with _transaction(self.conn):
             self._touch(conv_id, now)
+            parent = self._parent_for(conv_id, alternative_to)
             cur = self.conn.execute(
-                "INSERT INTO messages (conversation_id, role, content, status, created_at)"
-                " VALUES (?, ?, ?, 'done', ?)", (conv_id, role, text, now))
+                "INSERT INTO messages (conversation_id, role, content, status, created_at, parent_id)"
+                " VALUES (?, ?, ?, 'done', ?, ?)", (conv_id, role, text, now, parent))
+            self._set_leaf(conv_id, int(cast(int, cur.lastrowid)))
             if role == "user":
                 self.conn.execute("UPDATE conversations SET title = ? WHERE id = ? AND title = ''",
                                   (title_from(text), conv_id))
             return int(cast(int, cur.lastrowid))
 
+    def _set_leaf(self, conv_id: int, msg_id: int) -> None:
+        self.conn.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (msg_id, conv_id))
+
     def start_reply(self, conv_id: int, provider: str, model: str, mode: str, origin: Origin,
-                    base_url: str) -> int:
+                    base_url: str, alternative_to: int | None = None) -> int:
         now = time.time()
         with _transaction(self.conn):
             self._touch(conv_id, now)
@@ -413,12 +489,15 @@ class Database:
             self.conn.execute(
                 "UPDATE conversations SET provider = ?, model = ?, origin = ?, base_url = ? WHERE id = ?",
                 (provider, model, origin, _url(origin, base_url), conv_id))
+            parent = self._parent_for(conv_id, alternative_to)
             cur = self.conn.execute(
                 "INSERT INTO messages"
-                " (conversation_id, role, content, status, provider, model, mode, created_at)"
-                " VALUES (?, 'assistant', '', 'streaming', ?, ?, ?, ?)",
-                (conv_id, provider, model, mode, now))
-            return int(cast(int, cur.lastrowid))
+                " (conversation_id, role, content, status, provider, model, mode, created_at, parent_id)"
+                " VALUES (?, 'assistant', '', 'streaming', ?, ?, ?, ?, ?)",
+                (conv_id, provider, model, mode, now, parent))
+            msg_id = int(cast(int, cur.lastrowid))
+            self._set_leaf(conv_id, msg_id)
+            return msg_id
 
     def save_reply_text(self, msg_id: int, text: str) -> None:
         # No row (the user deleted the conversation mid-reply) is not an error: there is nothing to keep.
@@ -499,7 +578,12 @@ def _record(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _message(row: tuple[Any, ...]) -> Message:
+_MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, error, provider, model, mode, record,"
+                    " created_at, parent_id")
+
+
+def _message(row: tuple[Any, ...], alternatives: tuple[int, ...] = ()) -> Message:
     return Message(id=int(row[0]), conversation_id=int(row[1]), role=row[2], content=str(row[3]),
                    status=row[4], error=row[5], provider=str(row[6]), model=str(row[7]), mode=str(row[8]),
-                   record=_record(row[9]), created_at=float(row[10]))
+                   record=_record(row[9]), created_at=float(row[10]),
+                   parent_id=None if row[11] is None else int(row[11]), alternatives=alternatives)

@@ -177,6 +177,18 @@ class Message:
     mode: str
     record: dict[str, Any] | None
     created_at: float
+    parent_id: int | None = None
+    """The message this one follows (None for the first): see :mod:`llmchat.core.history._tree`."""
+    alternatives: tuple[int, ...] = ()
+    """The ids of this message's alternatives, itself included, oldest first (regenerated replies, edited
+    prompts); () when it was loaded without its tree."""
+
+    @property
+    def alternative_marker(self) -> str:
+        """``"2/3"`` for the second of three alternatives; "" for a message with none."""
+        if len(self.alternatives) < 2 or self.id not in self.alternatives:
+            return ""
+        return f"{self.alternatives.index(self.id) + 1}/{len(self.alternatives)}"
 
     @property
     def partial(self) -> bool:

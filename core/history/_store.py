@@ -47,6 +47,7 @@ from llmchat.core.history._model import (
     storable_url,
     timing_line,
 )
+from llmchat.core.history._search import SearchHit
 
 __all__ = [
     "MIGRATIONS",
@@ -61,6 +62,7 @@ __all__ = [
     "ORIGINS",
     "Origin",
     "ReplyWriter",
+    "SearchHit",
     "default_history_path",
     "export_markdown",
     "export_records_json",
@@ -245,19 +247,39 @@ class HistoryStore:
         return await self._run(self._db.load, conv_id)
 
     # -- messages -------------------------------------------------------------------------------------------
-    async def add_user_message(self, conv_id: int, text: str) -> int:
-        """Saves a user message (call it before the request goes out) and returns its id.
+    async def add_user_message(self, conv_id: int, text: str, *, alternative_to: int | None = None) -> int:
+        """Saves a user message (call it before the request goes out) and returns its id. It follows the
+        current branch's last message, or, with ``alternative_to``, is an alternative of that (earlier) user
+        message: an edit, which starts a branch. Either way the branch ending with it is now current.
 
-        Gives an untitled conversation a title from it. ConversationNotFoundError for an unknown id.
+        Gives an untitled conversation a title from it. ConversationNotFoundError for an unknown id,
+        ValueError for an ``alternative_to`` that is not in the conversation.
         """
-        return await self._run(self._db.add_message, conv_id, "user", text)
+        return await self._run(self._db.add_message, conv_id, "user", text, alternative_to)
 
     async def start_reply(self, conv_id: int, *, provider: str, model: str, mode: str, origin: Origin = "",
-                          base_url: str = "") -> int:
+                          base_url: str = "", alternative_to: int | None = None) -> int:
         """Adds an empty assistant message with status "streaming" and returns its id; the conversation now
         goes on with this provider and model, reached as ``origin`` and ``base_url`` say (as in
-        :meth:`set_endpoint`). ConversationNotFoundError for an unknown id."""
-        return await self._run(self._db.start_reply, conv_id, provider, model, mode, origin, base_url)
+        :meth:`set_endpoint`). With ``alternative_to`` (a reply's id) the new reply is a regenerated
+        alternative of that one, which is kept; the branch ending with the new reply is now current.
+        ConversationNotFoundError for an unknown id, ValueError for an ``alternative_to`` not in it."""
+        return await self._run(self._db.start_reply, conv_id, provider, model, mode, origin, base_url,
+                               alternative_to)
+
+    async def select(self, conv_id: int, msg_id: int) -> Conversation:
+        """Makes the branch through ``msg_id`` current (switching to an alternative, opening a search hit)
+        and returns the conversation as it now loads. A message on the current branch changes nothing; else
+        the branch goes on below it by the newest reply at each step. ConversationNotFoundError for an
+        unknown conversation, ValueError for a message not in it."""
+        await self._run(self._db.select, conv_id, msg_id)
+        return await self.load(conv_id)
+
+    async def search(self, text: str, *, limit: int = 50) -> list[SearchHit]:
+        """Up to ``limit`` messages of any conversation (every branch) that hold every word of ``text``, the
+        last word as a prefix, best match (BM25) first, each with a highlighted snippet. [] for text
+        without a word."""
+        return await self._run(self._db.search, text, limit)
 
     def reply_writer(self, msg_id: int, *, flush_s: float = 1.0) -> ReplyWriter:
         """A writer that saves the reply ``msg_id`` (from :meth:`start_reply`) as it streams.

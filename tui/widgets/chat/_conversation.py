@@ -55,6 +55,7 @@ class Conversation(VerticalScroll):
     ) -> None:
         super().__init__(*children, name=name, id=id, classes=classes)
         self._renderer_worker: Worker[None] | None = None
+        self._selected: UserMessage | ChatMessage | None = None
 
     def on_mount(self) -> None:
         self.anchor()
@@ -187,7 +188,58 @@ class Conversation(VerticalScroll):
     def clear(self) -> AwaitRemove:
         """Remove every message; the view follows new text again."""
         self.anchor()
+        self._selected = None
         return self.remove_children()
+
+    # -- reading from the keyboard: scrolling and a selected message
+
+    def read(self, where: str) -> None:
+        """Scroll for the keyboard: "pageup", "pagedown", "top" or "bottom". Leaving the bottom stops
+        following new text (a reply streaming in below leaves the view where it is); "bottom" follows
+        again."""
+        if where == "bottom":
+            self.scroll_end(animate=False, immediate=True)
+            self.anchor()
+            return
+        if where == "top":
+            self.scroll_home(animate=False, immediate=True)
+        elif where == "pageup":
+            self.scroll_page_up(animate=False)
+        elif where == "pagedown":
+            self.scroll_page_down(animate=False)
+        else:
+            raise ValueError(f"unknown scroll {where!r}")
+
+    @property
+    def selected(self) -> UserMessage | ChatMessage | None:
+        """The message the selection keys are on, if any (it has the ``-selected`` class)."""
+        if self._selected is not None and self._selected.parent is not self:
+            self._selected = None  # removed since
+        return self._selected
+
+    def select(self, message: UserMessage | ChatMessage | None) -> None:
+        """Select ``message`` (None: nothing) and bring it into view."""
+        old = self.selected
+        if old is not None:
+            old.remove_class("-selected")
+        self._selected = message
+        if message is not None:
+            message.add_class("-selected")
+            self.scroll_to_widget(message, animate=False, top=message.outer_size.height > self.size.height)
+
+    def select_step(self, step: int) -> UserMessage | ChatMessage | None:
+        """Move the selection ``step`` messages on (negative: back); from no selection, back starts at the
+        last message. The selection stays at either end. Returns the selected message."""
+        messages = self.messages()
+        if not messages:
+            return None
+        current = self.selected
+        if current is None:
+            index = len(messages) - 1
+        else:
+            index = max(0, min(len(messages) - 1, messages.index(current) + step))
+        self.select(messages[index])
+        return messages[index]
 
     def release_anchor(self) -> None:
         # Textual releases the anchor on every user scroll, even one that cannot move because the

@@ -53,6 +53,18 @@ class FrozenLines(Widget):
         self._seen = False
         self._estimate: tuple[int, int] = (0, 0)
         """(width, estimated height) while deferred."""
+        self.message_id: int | None = None
+        """The history's id of the message shown (None until saved, or not saved)."""
+        self.alternatives: tuple[int, ...] = ()
+        """The ids of the message's alternatives in the history, its own included (regenerated replies,
+        edited prompts); () for none."""
+
+    @property
+    def marker(self) -> str:
+        """``"2/3"`` when the message is the second of three alternatives, else ""."""
+        if len(self.alternatives) < 2 or self.message_id not in self.alternatives:
+            return ""
+        return f"{self.alternatives.index(self.message_id) + 1}/{len(self.alternatives)}"
 
     @property
     def renderer(self) -> MarkdownRenderer:

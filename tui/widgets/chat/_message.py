@@ -94,10 +94,13 @@ class UserMessage(FrozenLines):
         return self._text
 
     def build_lines(self, width: int) -> list[Line]:
-        return self.renderer.rich(Text(self._text, end=""), width)
+        lines = self.renderer.rich(Text(self._text, end=""), width)
+        if self.marker:
+            lines += self.renderer.rich(Text(f"‹ {self.marker} ›", style="status.muted", end=""), width)
+        return lines
 
     def estimate_height(self, width: int) -> int:
-        return estimate_rows(self._text, width)
+        return estimate_rows(self._text, width) + (1 if self.marker else 0)
 
     def left_margin(self) -> Segment:
         # A bar in the theme's primary colour marks the user's turns (drawn here, not as a CSS border,
@@ -568,6 +571,8 @@ class ChatMessage(FrozenLines):
 
     def _status_text(self) -> Text | None:
         status, note = self._status, self._note
+        if self.marker:
+            note = f"‹ {self.marker} › · {note}" if note else f"‹ {self.marker} ›"
         if status is None or (status == "done" and not note):
             return None
         if status == "done":

@@ -1,7 +1,9 @@
-"""The prompt: a TextArea where Enter sends and Shift+Enter, Ctrl+J or Alt+Enter start a new line."""
+"""The prompt: a TextArea where Enter sends and Shift+Enter, Ctrl+J or Alt+Enter start a new line, and PageUp,
+PageDown, Ctrl+Home and Ctrl+End (Home and End in an empty prompt) scroll the conversation."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 from textual import events
@@ -10,6 +12,11 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 from llmchat.tui.keys import BY_ID, binding, key_label, key_names
+
+#: Where the reading keys scroll the conversation to, by the suffix of their binding id.
+READING = ("pageup", "pagedown", "top", "bottom")
+#: Keys that edit text in a prompt that has some, and read the conversation only in an empty one.
+_EDITING = frozenset({"home", "end"})
 
 
 class PromptInput(TextArea):
@@ -39,9 +46,13 @@ class PromptInput(TextArea):
     }
     """
 
+    READING: ClassVar[tuple[str, ...]] = READING
+    """Where the reading keys scroll to (``conversation.WHERE`` in the key registry)."""
+
     BINDINGS: ClassVar[list[BindingType]] = [
         binding("prompt.send", "send"),
         binding("prompt.newline", "newline", show=False),
+        *(binding(f"conversation.{where}", f"read('{where}')", show=False) for where in READING),
     ]
 
     class Submitted(Message):
@@ -57,6 +68,18 @@ class PromptInput(TextArea):
         @property
         def control(self) -> PromptInput:
             """The input the text came from."""
+            return self.prompt_input
+
+    class Read(Message):
+        """A reading key was pressed: scroll the conversation to ``where`` (one of :data:`READING`)."""
+
+        def __init__(self, prompt_input: PromptInput, where: str) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.where = where
+
+        @property
+        def control(self) -> PromptInput:
             return self.prompt_input
 
     class Held(Message):
@@ -98,9 +121,17 @@ class PromptInput(TextArea):
         """Set ``held`` on each send (the app clears it)."""
         self._send_keys: tuple[str, ...] = ()
         self._newline_keys: tuple[str, ...] = ()
+        self._reading_keys: dict[str, str] = {}
         # Without a placeholder of its own the prompt names the keys it acts on, and follows them.
         self._own_placeholder = placeholder is None
         self.use_keys(send=send_keys, newline=newline_keys)
+        self.use_reading_keys({where: BY_ID[f"conversation.{where}"].keys for where in READING})
+
+    def use_reading_keys(self, keys: dict[str, str]) -> None:
+        """The keys that scroll the conversation, by where they go (``{"pageup": "pageup"}``, see
+        :data:`READING`). A bare Home or End among them scrolls only while the prompt is empty: in text they
+        move the cursor, as in any editor."""
+        self._reading_keys = {key: where for where, spec in keys.items() for key in key_names(spec)}
 
     def use_keys(self, *, send: str | None = None, newline: str | None = None) -> None:
         """Act on these keys (Textual key strings such as ``"ctrl+s"`` or ``"enter,ctrl+m"``) from now on;
@@ -122,6 +153,13 @@ class PromptInput(TextArea):
             action = self.action_send
         elif event.key in self._newline_keys:
             action = self.action_newline
+        elif event.key in self._reading_keys:
+            if event.key in _EDITING and self.text:
+                # The binding of the same key (for the footer and help) would win over TextArea's own:
+                # in text, Home and End do what they do in any editor.
+                action = self.action_cursor_line_start if event.key == "home" else self.action_cursor_line_end
+            else:
+                action = partial(self.action_read, self._reading_keys[event.key])
         else:
             return
         event.stop()
@@ -140,6 +178,10 @@ class PromptInput(TextArea):
         self.held = self.hold_on_send
         self.clear()
         self.post_message(self.Submitted(self, text))
+
+    def action_read(self, where: str) -> None:
+        """Post :class:`Read`: the app scrolls the conversation."""
+        self.post_message(self.Read(self, where))
 
     def action_newline(self) -> None:
         """Insert a line break at the cursor, replacing any selection."""
