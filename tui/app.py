@@ -57,9 +57,9 @@ from llmchat.core.history import (
     save_export,
 )
 from llmchat.core.observe import TimingRecord, attach_observers, start_exporter
+from llmchat.tui.branches import BranchActions
 from llmchat.tui.checks import check_theme
 from llmchat.tui.fit import fit
-from llmchat.tui.branches import BranchActions
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
 from llmchat.tui.request_state import RequestWatch
