@@ -1,8 +1,11 @@
-"""The transport: one shared connection pool per provider on httpx, and the trace hook that stamps phases.
+"""The default transport (``Transport``): connection pools on httpx, the trace hook that stamps phases, and
+the mapping of the HTTP stack's exceptions to llmchat's errors.
 
-This is the only module that imports httpx (httpx has had no release since 0.28.1; keeping it behind one seam
-means a fork or another client can replace it). Everything above sees ``WireResponse`` and llmchat's own
-errors, never httpx types.
+This is the only module that imports the HTTP stack (httpx, httpcore, h2, h11; tests/test_layout.py says
+so): everything above sees the ``HTTPTransport`` protocol (``_interface``), ``WireResponse`` and llmchat's own
+errors, never httpx types, so a fork (httpx2) or another client replaces this module and nothing else. Why it
+is still httpx 0.28.1 and not httpx2: benchmarks/client_overhead.py measures both stacks in one run, and the
+classes below lean on httpcore private names that httpcore2 changed (see docs/architecture.md).
 
 HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
 llama.cpp and vLLM speak no h2c); ``"h2c"`` speaks HTTP/2 with prior knowledge over plain http (llmchat's own
@@ -20,7 +23,6 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -33,7 +35,8 @@ import httpcore
 import httpx
 
 import llmchat.core.errors as errors
-from llmchat.core.config import HttpSettings, mask_url
+from llmchat.core.config import HttpSettings
+from llmchat.core.http._interface import Endpoint
 from llmchat.core.observe import Phases
 
 _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
@@ -41,31 +44,6 @@ _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
 #: What can come out of httpx: its own errors, and what it lets through unmapped (h2's and h11's protocol
 #: errors, httpcore's ConnectionNotAvailable) from a response body or an odd path. All become llmchat errors.
 _WIRE_ERRORS = (httpx.HTTPError, h2.exceptions.H2Error, h11.ProtocolError, httpcore.ConnectionNotAvailable)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Endpoint:
-    """Where and how to talk to one provider. ``api_key`` is masked in repr."""
-
-    name: str
-    base_url: str
-    api_key: str | None = None
-    api_key_source: str = "none"
-    api_key_hint: str = ""
-    """With no key: which flag or config key would send one (for a 401's message)."""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    http: HttpSettings = field(default_factory=HttpSettings)
-
-    def __repr__(self) -> str:
-        key = "None" if self.api_key is None else "'***'"
-        return (f"Endpoint(name={self.name!r}, base_url={mask_url(self.base_url)!r}, api_key={key}, "
-                f"http={self.http!r})")
-
-    @property
-    def hostport(self) -> str:
-        parts = urlsplit(self.base_url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return f"{parts.hostname}:{port}"
 
 
 class WireResponse:
