@@ -3,9 +3,10 @@ the mapping of the HTTP stack's exceptions to llmchat's errors.
 
 This is the only module that imports the HTTP stack (httpx, httpcore, h2, h11; tests/test_layout.py says
 so): everything above sees the ``HTTPTransport`` protocol (``_interface``), ``WireResponse`` and llmchat's own
-errors, never httpx types, so a fork (httpx2) or another client replaces this module and nothing else. Why it
-is still httpx 0.28.1 and not httpx2: benchmarks/client_overhead.py measures both stacks in one run, and the
-classes below lean on httpcore private names that httpcore2 changed (see docs/architecture.md).
+errors, never httpx types, so a fork or another client replaces this module and nothing else. httpx2
+(pydantic's API-compatible fork, on httpcore2) is measured against httpx 0.28.1 in
+benchmarks/client_overhead.py; the httpcore private names the classes below use are pinned by
+tests/test_transport_lifecycle.py, which says which one moved if a stack release (or the fork) drops one.
 
 HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
 llama.cpp and vLLM speak no h2c); ``"h2c"`` speaks HTTP/2 with prior knowledge over plain http (llmchat's own
