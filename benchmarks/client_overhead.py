@@ -492,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
           f"pools of {POOL}, {plan.rounds} rounds, up to {plan.cap_s:g} s per cell")
     load = env["load_average_at_start"][0]
     print(f"  python {env['python']} on {env['cpus']} CPUs, load average {load:.2f}; "
-          f"httpx {env['httpx']}; httpx2 {env['httpx2']}; openai {env['openai']} on {env['openai_http']} (its own client: "
-          f"h2 with http2=True); aiohttp {env['aiohttp']}; raw loops decode with {env['raw_json_decoder']}")
+          f"httpx {env['httpx']}; httpx2 {env['httpx2']}; openai {env['openai']} on {env['openai_http']} "
+          f"(its own client: h2 with http2=True); aiohttp {env['aiohttp']}; raw loops decode with "
+          f"{env['raw_json_decoder']}")
     print(f"  clocks: perf_counter = {env['perf_counter_clock']}, monotonic = {env['monotonic_clock']}: "
           "client and server stamps compare directly")
     started = time.perf_counter()

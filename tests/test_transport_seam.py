@@ -11,7 +11,15 @@ import pytest
 
 import llmchat.core.errors as errors
 from llmchat.core import ChatClient, RetrySettings, Settings
-from llmchat.core.http import Endpoint, HTTPTransport, MockRequest, MockResponse, MockTransport, Pools, Transport
+from llmchat.core.http import (
+    Endpoint,
+    HTTPTransport,
+    MockRequest,
+    MockResponse,
+    MockTransport,
+    Pools,
+    Transport,
+)
 from llmchat.core.load._run import Target, bench_pools, make_client
 
 HI = [{"role": "user", "content": "hi"}]
