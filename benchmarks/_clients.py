@@ -13,6 +13,8 @@ one ``Sample``. Every client gets a pool of ``POOL`` connections (HTTP/1.1) or o
   ``DefaultAsyncHttpxClient`` (an ``httpx2.AsyncClient`` with openai's defaults) with the pool limit set, and
   ``http1=False, http2=True`` for HTTP/2. Each chunk becomes a pydantic ``ChatCompletionChunk``.
 * ``httpx``: ``httpx.AsyncClient.stream("POST", ...)`` over ``aiter_raw()``, then ``sse_payloads`` below.
+* ``httpx2``: the same loop on ``httpx2.AsyncClient`` (pydantic's fork, on httpcore2): the HTTP stack llmchat's
+  transport could move to, measured against httpx 0.28.1, the one it is on.
 * ``aiohttp``: ``ClientSession.post`` over ``resp.content.iter_any()``, then ``sse_payloads`` (HTTP/1.1 only).
 
 ``sse_payloads`` is what a hand-written client needs at least: buffer bytes, split lines at LF, keep the
@@ -28,6 +30,7 @@ loop, for every client. ``record_ns`` is llmchat's own first-token stamp mapped 
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -57,7 +60,7 @@ BODY: dict[str, Any] = {
 }
 BODY_BYTES = json.dumps(BODY, separators=(",", ":")).encode()
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream", "Authorization": "Bearer bench"}
-CLIENTS = ("llmchat", "openai", "httpx", "aiohttp")
+CLIENTS = ("llmchat", "openai", "httpx", "httpx2", "aiohttp")
 PROTOCOLS = ("h2", "h1")
 
 
@@ -195,9 +198,10 @@ class OpenAIClient:
 
 
 class HttpxClient:
-    def __init__(self, base_url: str, proto: str) -> None:
-        import httpx
+    module = "httpx"
 
+    def __init__(self, base_url: str, proto: str) -> None:
+        httpx = importlib.import_module(self.module)
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/") + "/", http1=proto != "h2", http2=proto == "h2", trust_env=False,
             limits=httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL),
@@ -220,6 +224,36 @@ class HttpxClient:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+class Httpx2Client(HttpxClient):
+    module = "httpx2"
+
+
+def trace_check(module: str, base_url: str) -> tuple[str, list[str]]:
+    """One h2c request on ``module``'s AsyncClient (httpx or httpx2) with the ``trace`` extension llmchat's
+    transport stamps its phases with: the HTTP version it used and the trace events it saw, in order."""
+    import asyncio
+
+    httpx = importlib.import_module(module)
+    seen: list[str] = []
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
+
+    async def go() -> str:
+        async with httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", http1=False, http2=True,
+                                     trust_env=False) as client:
+            request = client.build_request("POST", "chat/completions", content=BODY_BYTES, headers=HEADERS,
+                                           extensions={"trace": trace})
+            response = await client.send(request, stream=True)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            return str(response.http_version)
+
+    return asyncio.run(go()), seen
 
 
 class AiohttpClient:
@@ -254,6 +288,7 @@ class AiohttpClient:
 def make_client(name: str, base_url: str, proto: str) -> BenchClient:
     """The bench client ``name`` (one of CLIENTS) for ``proto`` ("h2": HTTP/2 prior knowledge, "h1")."""
     kinds: dict[str, type[Any]] = {
-        "llmchat": LLMChatClient, "openai": OpenAIClient, "httpx": HttpxClient, "aiohttp": AiohttpClient,
+        "llmchat": LLMChatClient, "openai": OpenAIClient, "httpx": HttpxClient, "httpx2": Httpx2Client,
+        "aiohttp": AiohttpClient,
     }
     return kinds[name](base_url, proto)  # type: ignore[no-any-return]

@@ -1,4 +1,5 @@
-"""How much latency and CPU llmchat's client adds, against openai-python, raw httpx and aiohttp, in one run.
+"""How much latency and CPU llmchat's client adds, against openai-python, raw httpx, httpx2 and aiohttp, in one
+run; and httpx2 against httpx 0.28.1, the HTTP stack under llmchat's transport.
 
     /work/venv/bin/python benchmarks/client_overhead.py [--quick] [--rounds N] [--json PATH]
     /work/venv/bin/python benchmarks/client_overhead.py --profile llmchat:h1:100   # cProfile one client
@@ -24,6 +25,11 @@ Figures per cell: medians over rounds for rates and CPU, percentiles over all ro
   for every client, llmchat included: the like-for-like column;
 * srv CPU ms/req and srv busy: the server process's CPU per request and as a share of one core over the cell
   (from /proc, 10 ms ticks). Near 100 % busy the server, not the client, sets req/s.
+
+The HTTP stack (issue 13): the ``httpx2`` loop is the ``httpx`` loop on pydantic's fork, and each table says
+httpx2's req/s and CPU per request as a ratio of httpx's; before the rounds, one h2c request on each stack with
+the ``trace`` extension says whether it speaks HTTP/2 and fires the phase events the transport stamps
+(``connection.connect_tcp.*``, ``http2.send_request_headers.started``, ``http2.receive_response_headers.complete``).
 
 Goals (from the issue): llmchat overhead p50 <= 1 ms at 1 stream; llmchat CPU/req <= 1.25x aiohttp's
 (aiohttp speaks HTTP/1.1 only, so the HTTP/2 tables compare with its HTTP/1.1 figure at the same concurrency);
@@ -55,7 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _clients import CLIENTS, JSON_DECODER, MAX_TOKENS, POOL, Sample, make_client  # noqa: E402
+from _clients import CLIENTS, JSON_DECODER, MAX_TOKENS, POOL, Sample, make_client, trace_check  # noqa: E402
 
 from llmchat.core.observe import percentile  # noqa: E402
 
@@ -268,10 +274,39 @@ def _child_env(home: str) -> dict[str, str]:
     return env
 
 
-def conduct(plan: Plan, protos: list[str], levels: list[int], clients: list[str]) -> dict[str, Any]:
-    """Run every cell ``plan.rounds`` times, interleaved; the figures per protocol, level and client."""
+#: The trace events llmchat's transport stamps phases from (core/http/_transport.py's _STAMPS), as one h2c
+#: request on a new connection fires them.
+TRACE_NEEDED = ("connection.connect_tcp.started", "connection.connect_tcp.complete",
+                "http2.send_request_headers.started", "http2.send_request_body.complete",
+                "http2.receive_response_headers.complete")
+
+
+def check_stacks(url: str) -> dict[str, Any]:
+    """httpx and httpx2 on one h2c request each: the version used, and the trace events llmchat needs that
+    did not fire (printed, and kept in the JSON)."""
+    out: dict[str, Any] = {}
+    for module in ("httpx", "httpx2"):
+        try:
+            version, seen = trace_check(module, url)
+        except Exception as exc:  # reported, not fatal: the rounds still measure what works
+            out[module] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            print(f"  {module}: the h2c trace check failed: {out[module]['error']}")
+            continue
+        missing = [name for name in TRACE_NEEDED if name not in seen]
+        out[module] = {"http_version": version, "trace_events": seen, "missing": missing}
+        print(f"  {module}: one h2c request went out as {version}; {len(seen)} trace events, "
+              f"{'all the transport stamps' if not missing else 'MISSING ' + ', '.join(missing)}")
+    return out
+
+
+def conduct(plan: Plan, protos: list[str], levels: list[int], clients: list[str],
+            stacks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every cell ``plan.rounds`` times, interleaved; the figures per protocol, level and client.
+    ``stacks``, when given, receives ``check_stacks`` on the benchmark's server first."""
     cells: dict[tuple[str, int, str], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="llmchat-bench-") as home, _server() as server:
+        if stacks is not None:
+            stacks.update(check_stacks(server.base_url))
         env = _child_env(home)
         workers = {(p, name): Worker(name, p, server.base_url, env)
                    for p in protos for name in _clients_for(p, clients)}
@@ -363,6 +398,14 @@ def _goal_lines(figures: dict[str, Any], proto: str, c: int) -> dict[str, Any]:
             line += f" (goal >= {GOAL_RATE_RATIO:g}x) {_verdict(met)}"
             out[f"{proto}/{c}/rate_vs_openai"] = {"ratio": ratio, "met": met, "cpu_ratio": cpu}
         print(f"{line}; {cpu:.1f}x less CPU per request")
+    mine = figures.get(f"{proto}/{c}/httpx") or {}
+    fork = figures.get(f"{proto}/{c}/httpx2") or {}
+    if "req_per_s" in mine and "req_per_s" in fork:
+        rate = fork["req_per_s"] / mine["req_per_s"]
+        cpu = fork["cpu_ms_per_req"] / mine["cpu_ms_per_req"]
+        print(f"  httpx2 vs httpx 0.28.1: req/s {rate:.2f}x, CPU/req {cpu:.2f}x (httpx2 is the faster when the "
+              "first is above 1 and the second below)")
+        out[f"{proto}/{c}/httpx2_vs_httpx"] = {"rate_ratio": rate, "cpu_ratio": cpu}
     if c == 1 and ours.get("overhead_p50_ms") is not None:
         ms = ours["overhead_p50_ms"]
         met = ms <= GOAL_OVERHEAD_MS
@@ -391,6 +434,7 @@ def _environment() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
         "httpx": httpx.__version__,
+        "httpx2": httpx2.__version__,
         "openai": openai.__version__,
         "openai_http": f"httpx2 {httpx2.__version__}",
         "aiohttp": aiohttp.__version__,
@@ -448,12 +492,14 @@ def main(argv: list[str] | None = None) -> int:
           f"pools of {POOL}, {plan.rounds} rounds, up to {plan.cap_s:g} s per cell")
     load = env["load_average_at_start"][0]
     print(f"  python {env['python']} on {env['cpus']} CPUs, load average {load:.2f}; "
-          f"httpx {env['httpx']}; openai {env['openai']} on {env['openai_http']} (its own client: "
-          f"h2 with http2=True); aiohttp {env['aiohttp']}; raw loops decode with {env['raw_json_decoder']}")
+          f"httpx {env['httpx']}; httpx2 {env['httpx2']}; openai {env['openai']} on {env['openai_http']} "
+          f"(its own client: h2 with http2=True); aiohttp {env['aiohttp']}; raw loops decode with "
+          f"{env['raw_json_decoder']}")
     print(f"  clocks: perf_counter = {env['perf_counter_clock']}, monotonic = {env['monotonic_clock']}: "
           "client and server stamps compare directly")
     started = time.perf_counter()
-    figures = conduct(plan, protos, levels, clients)
+    stacks: dict[str, Any] = {}
+    figures = conduct(plan, protos, levels, clients, stacks if "httpx2" in clients else None)
     goals = report(figures, protos, levels)
     elapsed = time.perf_counter() - started
     print(f"\n{len(figures)} cells in {elapsed:.0f} s, load average {os.getloadavg()[0]:.2f} at the end. "
@@ -464,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MISMATCH {line}: a client lost or added text", file=sys.stderr)
     if args.json:
         data = {"environment": env, "plan": {"rounds": plan.rounds, "n": plan.n, "cap_s": plan.cap_s},
-                "figures": figures, "goals": goals, "elapsed_s": elapsed}
+                "figures": figures, "goals": goals, "stacks": stacks, "elapsed_s": elapsed}
         Path(args.json).write_text(json.dumps(data, indent=2))
         print(f"figures written to {args.json}")
     return 1 if mismatches else 0

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from llmchat.core import ChatClient, HttpSettings, Settings, TimingRecord, percentile
-from llmchat.core.http import Transport
 from llmchat.core.server import SubprocessServer, start_subprocess
 
 MODEL = "llmchat-local"
@@ -43,10 +42,8 @@ def server(*flags: str) -> Iterator[SubprocessServer]:
 
 
 def client(base_url: str, http: HttpSettings) -> ChatClient:
-    """A ChatClient with a pool of its own (ChatClients share one per endpoint otherwise)."""
-    c = ChatClient(Settings(http=http), base_url=base_url, model=MODEL, use_cache=False)
-    c._transport = Transport(c.endpoint)
-    return c
+    """A ChatClient with a pool of its own (ChatClients given no ``pools`` have their own)."""
+    return ChatClient(Settings(http=http), base_url=base_url, model=MODEL, use_cache=False)
 
 
 async def stream(c: ChatClient, max_tokens: int) -> TimingRecord:

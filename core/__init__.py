@@ -51,7 +51,7 @@ from llmchat.core.errors import (
     TLSError,
     UsageError,
 )
-from llmchat.core.http import ServerSentEvent, SSEDecoder
+from llmchat.core.http import Pools, ServerSentEvent, SSEDecoder
 from llmchat.core.observe import (
     Attribution,
     Baseline,
@@ -106,6 +106,7 @@ __all__ = [
     "NotFoundError",
     "Part",
     "Phases",
+    "Pools",
     "ProtocolError",
     "ProviderSettings",
     "RateLimitError",

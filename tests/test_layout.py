@@ -80,6 +80,10 @@ def test_core_never_imports_textual_and_tui_never_imports_httpx() -> None:
 def test_only_the_transport_imports_httpx() -> None:
     users = sorted(p for p, names in _imports(ROOT / "core").items() if "httpx" in names)
     assert users == ["core/http/_transport.py"]
+    # The whole HTTP stack, so swapping it (httpx2 and httpcore2, say) is one module's change.
+    stack = {"httpx", "httpcore", "h2", "h11"}
+    users = sorted(p for p, names in _imports(ROOT / "core").items() if names & stack)
+    assert users == ["core/http/_transport.py"]
 
 
 def test_console_script_runs() -> None:

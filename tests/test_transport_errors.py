@@ -8,6 +8,7 @@ test checks the llmchat class, its one-line message and how the retry layer trea
 from __future__ import annotations
 
 import random
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -121,6 +122,98 @@ CASES = [
         "cannot resolve host 127.0.0.1 (DNS lookup failed); check the spelling of base_url "
         "for provider 'custom' and your network",
         "connect/backoff",
+        fresh=True,
+    ),
+    # By type: getaddrinfo's own exception, whatever its words (here a German glibc's), and whatever else the
+    # text says ("ssl" in a host name is not a TLS failure).
+    Case(
+        "dns-by-type",
+        lambda: _with_cause(
+            httpcore.ConnectError("[Errno -2] Der Name oder der Dienst ist nicht bekannt"),
+            socket.gaierror(socket.EAI_NONAME, "Der Name oder der Dienst ist nicht bekannt"),
+        ),
+        "send",
+        errors.ConnectError,
+        "cannot resolve host 127.0.0.1 (DNS lookup failed); check the spelling of base_url "
+        "for provider 'custom' and your network",
+        "connect/backoff",
+        fresh=True,
+    ),
+    Case(
+        "dns-by-type-over-words",
+        lambda: _with_cause(
+            httpcore.ConnectError("ssl.example.com: [Errno -2] Name or service not known"),
+            socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+        ),
+        "send",
+        errors.ConnectError,
+        "cannot resolve host 127.0.0.1 (DNS lookup failed); check the spelling of base_url "
+        "for provider 'custom' and your network",
+        "connect/backoff",
+        fresh=True,
+    ),
+    Case(
+        "refused-in-a-group",
+        lambda: _with_cause(
+            httpcore.ConnectError("All connection attempts failed"),
+            ExceptionGroup("", [ConnectionRefusedError(111, "Connect call failed ('::1', 9)"),
+                                ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)")]),
+        ),
+        "send",
+        errors.ConnectError,
+        f"connection refused by {HP}: nothing is listening there; start a local server "
+        "with `llmchat serve` or check base_url for provider 'custom'",
+        "connect/backoff",
+        fresh=True,
+    ),
+    # The fallback, by words, for a chain that lost its causes' types: one case per word of _CAUSE_WORDS.
+    *(
+        Case(
+            f"dns-words-{n}",
+            lambda text=text: httpcore.ConnectError(text),
+            "send",
+            errors.ConnectError,
+        "cannot resolve host 127.0.0.1 (DNS lookup failed); check the spelling of base_url "
+        "for provider 'custom' and your network",
+            "connect/backoff",
+            fresh=True,
+        )
+        for n, text in enumerate([
+            "[Errno 8] nodename nor servname provided, or not known",  # macOS
+            "[Errno -3] Temporary failure in name resolution",  # glibc, EAI_AGAIN
+            "[Errno -5] No address associated with hostname",  # glibc, EAI_NODATA
+            "[Errno -4] Non-recoverable failure in name resolution",  # glibc, EAI_FAIL
+            "[Errno 11001] getaddrinfo failed",  # Windows
+        ])
+    ),
+    Case(
+        "refused-words",
+        lambda: httpcore.ConnectError("[Errno 111] Connection refused"),
+        "send",
+        errors.ConnectError,
+        f"connection refused by {HP}: nothing is listening there; start a local server "
+        "with `llmchat serve` or check base_url for provider 'custom'",
+        "connect/backoff",
+        fresh=True,
+    ),
+    Case(
+        "tls-words-ssl",
+        lambda: httpcore.ConnectError("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"),
+        "send",
+        errors.TLSError,
+        f"TLS handshake with {HP} failed ([SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)); "
+        "for a self-signed server set http.verify to its CA file (or false for a local test "
+        "server); check base_url's scheme",
+        fresh=True,
+    ),
+    Case(
+        "tls-words-certificate",
+        lambda: httpcore.ConnectError("hostname mismatch, certificate is not valid for 'example.com'"),
+        "send",
+        errors.TLSError,
+        f"TLS handshake with {HP} failed (hostname mismatch, certificate is not valid for 'example.com'); "
+        "for a self-signed server set http.verify to its CA file (or false for a local test "
+        "server); check base_url's scheme",
         fresh=True,
     ),
     Case(
@@ -483,3 +576,24 @@ def test_the_cases_cover_every_exception_type_httpx_lets_out() -> None:
         issubclass(k, T._WIRE_ERRORS)
         for k in (h2.exceptions.H2Error, h11.ProtocolError, httpcore.ConnectionNotAvailable)
     )
+
+
+def test_every_fallback_word_decides_a_case_of_its_own() -> None:
+    # Message matching is the documented fallback (core/http/_transport.py's _CAUSE_WORDS): each word must be
+    # met by a case with no cause of a type that would decide it first.
+    kinds = {"tls": errors.TLSError, "dns": errors.ConnectError, "refused": errors.ConnectError}
+    for kind, words in T._CAUSE_WORDS:
+        for word in words:
+            decided = [
+                c.id for c in CASES
+                if c.error is kinds[kind]
+                and not any(isinstance(e, t) for e in T._causes(c.make()) for t, _ in T._CAUSE_TYPES)
+                and word in " ".join(str(e) for e in T._causes(c.make())).lower()
+            ]
+            assert decided, f"no case is decided by the word {word!r} ({kind})"
+
+
+def test_every_cause_type_decides_a_case() -> None:
+    for kind, name in T._CAUSE_TYPES:
+        assert any(T._cause_kind(c.make()) == name and any(isinstance(e, kind) for e in T._causes(c.make()))
+                   for c in CASES), kind

@@ -33,6 +33,7 @@ from llmchat.core import (
     ChatClient,
     ConfigError,
     LLMChatError,
+    Pools,
     ServerSignals,
     Settings,
     UsageError,
@@ -179,11 +180,14 @@ class ChatApp(BranchActions, App[None]):
         metrics_port: int | None = None,
         freeze_gc: bool = False,
         pinned: bool = False,
+        pools: Pools | None = None,
     ) -> None:
         super().__init__()
         self._freeze_gc = freeze_gc
         self.settings = settings
         self.client = client
+        self.pools = pools if pools is not None else client.pools or Pools()
+        """The connection pools every client of this session takes its transport from (closed on exit)."""
         self.clients: dict[str, ChatClient] = clients if clients is not None else {client.endpoint.name: client}
         """Every client this session opened, by key: a configured provider's name, else the name and URL."""
         self.store = store
@@ -350,6 +354,7 @@ class ChatApp(BranchActions, App[None]):
             await self.warmer.aclose()
         for client in self.clients.values():
             await client.aclose()
+        await self.pools.aclose()
         for observer in self._observers:
             observer.close()
         if self.signals is not None:
@@ -638,8 +643,9 @@ class ChatApp(BranchActions, App[None]):
             if client is not self._offline_client and client.endpoint.name == name \
                     and client.endpoint.base_url == base_url:
                 return client
-        client = (ChatClient(self.settings, provider=name, bus=self.client.bus) if configured
-                  else ChatClient(self.settings, provider=name, base_url=base_url, bus=self.client.bus))
+        client = (ChatClient(self.settings, provider=name, bus=self.client.bus, pools=self.pools) if configured
+                  else ChatClient(self.settings, provider=name, base_url=base_url, bus=self.client.bus,
+                                  pools=self.pools))
         await client.__aenter__()
         key = name if name not in self.clients else f"{name} {base_url}"
         self.clients[key] = client
@@ -945,14 +951,16 @@ def make_app(
     metrics_port: int | None = None,
     freeze_gc: bool = False,
     pinned: bool = False,
+    pools: Pools | None = None,
 ) -> ChatApp:
-    """The app factory tests and the command line build the app through. The app closes ``client`` and
-    ``store`` when it exits. ``freeze_gc``: move start-up's objects out of the garbage collector's reach
-    after the first frame (the `llmchat` program only; see ``on_mount``). ``pinned``: the command line named
-    the provider, model or URL, so a conversation resumed at start goes on with ``client`` as it is."""
+    """The app factory tests and the command line build the app through. The app closes ``client``, ``pools``
+    (by default ``client``'s: every client the app opens shares them) and ``store`` when it exits.
+    ``freeze_gc``: move start-up's objects out of the garbage collector's reach after the first frame (the
+    `llmchat` program only; see ``on_mount``). ``pinned``: the command line named the provider, model or URL,
+    so a conversation resumed at start goes on with ``client`` as it is."""
     return ChatApp(settings=settings, client=client, store=store, conversation_id=conversation_id,
                    continue_last=continue_last, offline=offline, metrics_port=metrics_port,
-                   freeze_gc=freeze_gc, pinned=pinned)
+                   freeze_gc=freeze_gc, pinned=pinned, pools=pools)
 
 
 __all__ = ["ChatApp", "Offline", "make_app", "reply_note"]

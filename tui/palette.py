@@ -80,7 +80,7 @@ class ProviderCommands(Provider):
         client = app.clients.get(key)
         try:
             if client is None:
-                async with ChatClient(app.settings, provider=key, use_cache=False) as fresh:
+                async with ChatClient(app.settings, provider=key, use_cache=False, pools=app.pools) as fresh:
                     return await asyncio.wait_for(fresh.models(), 3.0)
             return await asyncio.wait_for(client.models(), 3.0)
         except (APIError, TimeoutError, Exception):  # a palette must open whatever the network does

@@ -4,7 +4,7 @@ server's /metrics.
 
 from __future__ import annotations
 
-from llmchat.core.client._client import ChatClient, ChatReply, ChatStream
+from llmchat.core.client._client import ChatClient, ChatReply, ChatStream, endpoint_from_settings
 from llmchat.core.client._metrics_poller import ServerMetricsPoller, summarize_snapshots
 from llmchat.core.client._server_metrics import parse_server_metrics, scrape_server_metrics
 from llmchat.core.client._signals import ServerSignals
@@ -17,6 +17,7 @@ __all__ = [
     "ServerMetricsPoller",
     "ServerSignals",
     "Warmer",
+    "endpoint_from_settings",
     "parse_server_metrics",
     "scrape_server_metrics",
     "summarize_snapshots",

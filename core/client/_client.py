@@ -1,6 +1,7 @@
 """``ChatClient``: stream, complete and embed, each producing a timing record on the bus.
 
-The client puts the layers together: settings resolve to an ``Endpoint``; the shared ``Transport`` sends;
+The client puts the layers together: settings resolve to an ``Endpoint``; a transport (``HTTPTransport``: the
+given one, else one from the caller's ``Pools``) sends;
 the retry loop wraps everything up to the response headers (never past the first byte the caller sees); the
 SSE decoder and the wire parser turn bytes into deltas; the cache answers batch requests and embeddings.
 """
@@ -20,7 +21,7 @@ from typing import Any
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
-from llmchat.core.http import Endpoint, SSEDecoder, Transport, WireResponse
+from llmchat.core.http import Endpoint, HTTPResponse, HTTPTransport, Pools, SSEDecoder
 from llmchat.core.observe import (
     Bus,
     Chunk,
@@ -49,45 +50,6 @@ class ChatReply:
     reasoning: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-
-
-class _Pools:
-    """One Transport per endpoint per event loop, shared by every ChatClient in the process and reference
-    counted, so the app, `ask` and the batch runner all reuse the same warm connections."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, Transport, int]] = {}
-
-    @staticmethod
-    def _key(ep: Endpoint) -> tuple[Any, ...]:
-        # In memory only: the key never leaves this dict (it holds the API key to keep two accounts apart).
-        return (ep.name, ep.base_url, ep.api_key, tuple(sorted(ep.headers.items())), ep.http)
-
-    def acquire(self, ep: Endpoint) -> Transport:
-        loop = asyncio.get_running_loop()
-        key = self._key(ep)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is loop and not loop.is_closed():
-            self._entries[key] = (loop, entry[1], entry[2] + 1)
-            return entry[1]
-        transport = Transport(ep)
-        self._entries[key] = (loop, transport, 1)
-        return transport
-
-    async def release(self, transport: Transport) -> None:
-        key = self._key(transport.endpoint)
-        entry = self._entries.get(key)
-        if entry is None or entry[1] is not transport:
-            await transport.aclose()
-            return
-        if entry[2] <= 1:
-            del self._entries[key]
-            await transport.aclose()
-        else:
-            self._entries[key] = (entry[0], transport, entry[2] - 1)
-
-
-_pools = _Pools()
 
 
 def endpoint_from_settings(
@@ -165,6 +127,12 @@ class ChatClient:
     (``ChatClient(base_url="http://127.0.0.1:8000/v1", http2="h2c")``). Every request makes a
     ``TimingRecord`` and publishes it on ``bus``. Errors are llmchat's typed ``APIError`` family, each with a
     one-line message; a reply cut short keeps its text in the error's ``partial_text``.
+
+    Connections: ``pools`` (a ``Pools`` the caller holds and closes) gives the client the endpoint's shared
+    transport, so every client of one face reuses the same warm connections; without it the client has pools
+    of its own. ``transport`` sends through that transport instead (``MockTransport`` in unit tests, a bench
+    configuration's own pool): the endpoint is then the transport's, ``provider``, ``base_url``, ``api_key``,
+    ``api_key_env`` and ``http2`` must not be given (UsageError), and the caller closes it.
     """
 
     def __init__(
@@ -182,12 +150,25 @@ class ChatClient:
         use_cache: bool = True,
         retry: RetrySettings | None = None,
         env: Mapping[str, str] | None = None,
+        pools: Pools | None = None,
+        transport: HTTPTransport | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        self.endpoint, default_model = endpoint_from_settings(
-            self.settings, provider, base_url=base_url, api_key=api_key, api_key_env=api_key_env, http2=http2,
-            env=env,
-        )
+        default_model: str | None = None
+        if transport is not None:
+            if provider or base_url or api_key or api_key_env or http2 is not None or pools is not None:
+                raise errors.UsageError(
+                    "ChatClient: a transport says where requests go; pass transport= or provider / base_url / "
+                    "api_key / api_key_env / http2 / pools, not both"
+                )
+            self.endpoint = transport.endpoint
+        else:
+            self.endpoint, default_model = endpoint_from_settings(
+                self.settings, provider, base_url=base_url, api_key=api_key, api_key_env=api_key_env,
+                http2=http2, env=env,
+            )
+        self.pools: Pools | None = None if transport is not None else pools or Pools()
+        """Where the client takes its transport from (None when it was given one)."""
         self.model = model or default_model or ""
         self.bus = bus or Bus()
         self.retry = retry or self.settings.retry
@@ -195,29 +176,33 @@ class ChatClient:
         self.cache: ReplyCache | None = cache if cache is not None else (
             ReplyCache(self.settings.cache) if self._own_cache else None
         )
-        self._transport: Transport | None = None
+        self._given = transport
+        self._transport: HTTPTransport | None = transport
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> ChatClient:
-        self._transport = _pools.acquire(self.endpoint)
         # Built now, not inside the first request's timings: that request's pool wait is then a pool wait.
-        await self._transport.prepare()
+        await self.transport.prepare()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        transport, self._transport = self._transport, None
-        if transport is not None:
-            await _pools.release(transport)
+        """Let go of the transport (a given one stays open: its caller closes it) and close an own cache."""
+        transport, self._transport = self._transport, self._given
+        if transport is not None and transport is not self._given and self.pools is not None:
+            await self.pools.release(transport)
         if self._own_cache and self.cache is not None:
             await self.cache.aclose()
 
     @property
-    def transport(self) -> Transport:
+    def transport(self) -> HTTPTransport:
+        """The transport requests go through: the given one, else the endpoint's from ``pools`` (taken on
+        first use, let go by ``aclose``)."""
         if self._transport is None:
-            self._transport = _pools.acquire(self.endpoint)
+            assert self.pools is not None  # only a client given a transport has no pools, and it keeps it
+            self._transport = self.pools.acquire(self.endpoint)
         return self._transport
 
     def _record(self, mode: str, model: str) -> TimingRecord:
@@ -256,10 +241,10 @@ class ChatClient:
     # -- requests --------------------------------------------------------------------------------------------
     async def _open(
         self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str
-    ) -> tuple[AsyncExitStack, WireResponse]:
+    ) -> tuple[AsyncExitStack, HTTPResponse]:
         """Send with retries until a response with a success status is open; returns it with its closer."""
 
-        async def send(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
+        async def send(attempt: int) -> tuple[AsyncExitStack, HTTPResponse]:
             record.attempts = attempt
             record.phases = Phases()
             stack = AsyncExitStack()
@@ -289,7 +274,7 @@ class ChatClient:
         except Exception as exc:
             first = exc
 
-        async def resend(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
+        async def resend(attempt: int) -> tuple[AsyncExitStack, HTTPResponse]:
             if attempt == 1:
                 raise first
             return await send(attempt)
@@ -297,7 +282,7 @@ class ChatClient:
         return await call_with_retries(resend, self.retry, on_retry=on_retry)
 
     async def _status_error(
-        self, resp: WireResponse, data: bytes, model: str, *, listing: bool = False
+        self, resp: HTTPResponse, data: bytes, model: str, *, listing: bool = False
     ) -> errors.APIError:
         """The typed error for an error status. A 404 on a request lists the models (bounded) for its message;
         a 404 on the listing itself (``listing``) says the path is wrong, and never asks again."""
@@ -657,7 +642,7 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
                 pass
 
 
-def _server_reports(record: TimingRecord, resp: WireResponse, timings: dict[str, float] | None) -> None:
+def _server_reports(record: TimingRecord, resp: HTTPResponse, timings: dict[str, float] | None) -> None:
     """Keep what the server says about its own time: OpenAI's processing header, llama.cpp's timings."""
     header = resp.headers.get("openai-processing-ms")
     if header:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import llmchat.core.errors as errors
 from llmchat.core.config import HttpSettings
-from llmchat.core.http import Endpoint, Transport
+from llmchat.core.http import Endpoint, HTTPTransport, Transport
 from llmchat.core.observe import Phases
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ async def scrape_server_metrics(
     metrics URL, ``TimeoutError`` after ``timeout_s``, ``HTTPStatusError`` for an error status, and the usual
     ``APIError`` family for connection failures.
     """
+    transport: HTTPTransport
     if isinstance(source, str):
         url, transport, own = source, metrics_transport(source), True
     else:
@@ -142,7 +143,7 @@ async def scrape_server_metrics(
 
 
 async def fetch_server_metrics(
-    transport: Transport, url: str, *, timeout_s: float = _TIMEOUT_S
+    transport: HTTPTransport, url: str, *, timeout_s: float = _TIMEOUT_S
 ) -> dict[str, float]:
     """GET ``url`` on ``transport`` and parse it: ``scrape_server_metrics`` on a connection the caller keeps
     (a poller scrapes every few seconds on one). Raises as ``scrape_server_metrics`` does."""

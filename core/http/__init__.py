@@ -1,14 +1,24 @@
-"""The wire: the transport (connection pools on httpx, the trace hook, errors mapped by type), the SSE
-decoder and OpenAI's request and reply shapes.
+"""The wire: the transport protocol the client takes (``HTTPTransport``) and its default on httpx
+(``Transport``: connection pools, the trace hook, errors mapped by type), the pools a caller owns (``Pools``),
+a ``MockTransport`` for unit tests, the SSE decoder and OpenAI's request and reply shapes.
 """
 
 from __future__ import annotations
 
+from llmchat.core.http._interface import Endpoint, HTTPResponse, HTTPTransport
+from llmchat.core.http._mock import MockRequest, MockResponse, MockTransport
+from llmchat.core.http._pools import Pools
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
-from llmchat.core.http._transport import Endpoint, Transport, WireResponse
+from llmchat.core.http._transport import Transport, WireResponse
 
 __all__ = [
     "Endpoint",
+    "HTTPResponse",
+    "HTTPTransport",
+    "MockRequest",
+    "MockResponse",
+    "MockTransport",
+    "Pools",
     "SSEDecoder",
     "ServerSentEvent",
     "Transport",

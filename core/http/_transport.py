@@ -1,8 +1,12 @@
-"""The transport: one shared connection pool per provider on httpx, and the trace hook that stamps phases.
+"""The default transport (``Transport``): connection pools on httpx, the trace hook that stamps phases, and
+the mapping of the HTTP stack's exceptions to llmchat's errors.
 
-This is the only module that imports httpx (httpx has had no release since 0.28.1; keeping it behind one seam
-means a fork or another client can replace it). Everything above sees ``WireResponse`` and llmchat's own
-errors, never httpx types.
+This is the only module that imports the HTTP stack (httpx, httpcore, h2, h11; tests/test_layout.py says
+so): everything above sees the ``HTTPTransport`` protocol (``_interface``), ``WireResponse`` and llmchat's own
+errors, never httpx types, so a fork or another client replaces this module and nothing else. httpx2
+(pydantic's API-compatible fork, on httpcore2) is measured against httpx 0.28.1 in
+benchmarks/client_overhead.py; the httpcore private names the classes below use are pinned by
+tests/test_transport_lifecycle.py, which says which one moved if a stack release (or the fork) drops one.
 
 HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
 llama.cpp and vLLM speak no h2c); ``"h2c"`` speaks HTTP/2 with prior knowledge over plain http (llmchat's own
@@ -16,11 +20,11 @@ import contextlib
 import functools
 import importlib
 import os
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -33,7 +37,8 @@ import httpcore
 import httpx
 
 import llmchat.core.errors as errors
-from llmchat.core.config import HttpSettings, mask_url
+from llmchat.core.config import HttpSettings
+from llmchat.core.http._interface import Endpoint
 from llmchat.core.observe import Phases
 
 _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
@@ -41,31 +46,6 @@ _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
 #: What can come out of httpx: its own errors, and what it lets through unmapped (h2's and h11's protocol
 #: errors, httpcore's ConnectionNotAvailable) from a response body or an odd path. All become llmchat errors.
 _WIRE_ERRORS = (httpx.HTTPError, h2.exceptions.H2Error, h11.ProtocolError, httpcore.ConnectionNotAvailable)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Endpoint:
-    """Where and how to talk to one provider. ``api_key`` is masked in repr."""
-
-    name: str
-    base_url: str
-    api_key: str | None = None
-    api_key_source: str = "none"
-    api_key_hint: str = ""
-    """With no key: which flag or config key would send one (for a 401's message)."""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    http: HttpSettings = field(default_factory=HttpSettings)
-
-    def __repr__(self) -> str:
-        key = "None" if self.api_key is None else "'***'"
-        return (f"Endpoint(name={self.name!r}, base_url={mask_url(self.base_url)!r}, api_key={key}, "
-                f"http={self.http!r})")
-
-    @property
-    def hostport(self) -> str:
-        parts = urlsplit(self.base_url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return f"{parts.hostname}:{port}"
 
 
 class WireResponse:
@@ -598,15 +578,50 @@ def _cause_chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _refused(exc: BaseException) -> bool:
-    # anyio wraps a refusal as OSError("All connection attempts failed") from ConnectionRefusedError, whose
-    # text ("Connect call failed") never says "refused"; with several addresses the causes are in a group.
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``'s chain of causes with the members of every exception group in it (anyio puts the failures of
+    each address it tried in one), depth first."""
+    found: list[BaseException] = []
     for e in _cause_chain(exc):
-        if isinstance(e, ConnectionRefusedError):
-            return True
-        if isinstance(e, BaseExceptionGroup) and any(_refused(sub) for sub in e.exceptions):
-            return True
-    return False
+        found.append(e)
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                found.extend(c for c in _causes(sub) if c not in found)
+    return found
+
+
+#: A failure before the response, named by the type of a cause in its chain: httpcore maps the socket's
+#: OSError to ConnectError and keeps it as the cause (``raise ... from exc``), and httpx keeps httpcore's as its
+#: own cause. The first kind found wins.
+_CAUSE_TYPES: tuple[tuple[type[BaseException], str], ...] = (
+    (ssl.SSLError, "tls"),  # ssl.SSLCertVerificationError among them
+    (socket.gaierror, "dns"),  # getaddrinfo failed, however the OS words it
+    (ConnectionRefusedError, "refused"),  # anyio's text for it ("Connect call failed") never says refused
+)
+
+#: The documented fallback, for a chain that lost the types (a network backend or proxy that re-raises with
+#: the text only): the words OpenSSL, each OS's resolver (glibc, macOS, Windows) and the socket layer use.
+#: Every word has its own case in tests/test_transport_errors.py.
+_CAUSE_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tls", ("ssl", "certificate")),
+    ("dns", ("name or service not known", "nodename nor servname", "temporary failure in name resolution",
+             "no address associated", "name resolution", "getaddrinfo")),
+    ("refused", ("refused",)),
+)
+
+
+def _cause_kind(exc: BaseException) -> str | None:
+    """"tls", "dns" or "refused" for what caused ``exc``: by the type of a cause, else (the fallback) by the
+    words of the messages in its chain; None when neither says."""
+    causes = _causes(exc)
+    for kind, name in _CAUSE_TYPES:
+        if any(isinstance(e, kind) for e in causes):
+            return name
+    text = " ".join(str(e) for e in causes).lower()
+    for name, words in _CAUSE_WORDS:
+        if any(w in text for w in words):
+            return name
+    return None
 
 
 def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
@@ -618,10 +633,9 @@ def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
     )
 
 
-def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError:
+def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError | errors.ConfigError:
     """The llmchat error for a failure before the response headers (``exc`` is one of ``_WIRE_ERRORS``)."""
     where = ep.hostport
-    text = " ".join(str(e) for e in _cause_chain(exc)).lower()
     http = ep.http
     if isinstance(exc, httpx.PoolTimeout):
         return _pool_timeout(ep)
@@ -646,21 +660,21 @@ def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError
     protocol = _protocol_error(exc, ep, phases)
     if protocol is not None:
         return protocol
-    if any(isinstance(e, ssl.SSLError) for e in _cause_chain(exc)) or "ssl" in text or "certificate" in text:
-        reason = next((str(e) for e in _cause_chain(exc) if isinstance(e, ssl.SSLError)), str(exc))
+    kind = _cause_kind(exc)
+    if kind == "tls":
+        reason = next((str(e) for e in _causes(exc) if isinstance(e, ssl.SSLError)), str(exc))
         return errors.TLSError(
             f"TLS handshake with {where} failed ({_short(reason)}); for a self-signed server set "
             "http.verify to its CA file (or false for a local test server); check base_url's scheme"
         )
     if isinstance(exc, httpx.ConnectError):
-        if any(s in text for s in ("name or service not known", "nodename nor servname", "temporary failure in "
-                                   "name resolution", "no address associated", "name resolution", "getaddrinfo")):
+        if kind == "dns":
             host = urlsplit(ep.base_url).hostname
             return errors.ConnectError(
                 f"cannot resolve host {host} (DNS lookup failed); check the spelling of base_url for "
                 f"provider {ep.name!r} and your network"
             )
-        if "refused" in text or _refused(exc):
+        if kind == "refused":
             return errors.ConnectError(
                 f"connection refused by {where}: nothing is listening there; start a local server with "
                 f"`llmchat serve` or check base_url for provider {ep.name!r}"

@@ -40,14 +40,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmchat.core.client import ChatClient, ServerMetricsPoller
+from llmchat.core.client import ChatClient, ServerMetricsPoller, endpoint_from_settings
 from llmchat.core.config import Http2Mode, Settings
 from llmchat.core.errors import APIError, LLMChatError, UsageError
 from llmchat.core.errors import TimeoutError as APITimeoutError
-from llmchat.core.http import Transport, WireResponse
+from llmchat.core.http import Pools, Transport, WireResponse
 from llmchat.core.load._prompts import PromptPlan
 from llmchat.core.load._stats import SLO, Tally
-from llmchat.core.observe import Attribution, Bus, ColdStartDetector, TimingRecord, attribute
+from llmchat.core.observe import Attribution, Bus, ColdStartDetector, Phases, TimingRecord, attribute
 
 Mode = Literal["stream", "batch"]
 
@@ -225,10 +225,20 @@ class _OwnPoolTransport(Transport):
     failure the server had (the app's pools do retry it: there a connection frees up once a reply ends)."""
 
     @asynccontextmanager
-    async def request(self, *args: Any, **kwargs: Any) -> AsyncIterator[WireResponse]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        phases: Phases,
+        stream: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[WireResponse]:
         async with AsyncExitStack() as stack:
             try:
-                response = await stack.enter_async_context(super().request(*args, **kwargs))
+                response = await stack.enter_async_context(super().request(
+                    method, path, body=body, phases=phases, stream=stream, extra_headers=extra_headers))
             except APITimeoutError as exc:
                 if exc.phase == "pool":
                     exc.retryable = False
@@ -236,8 +246,10 @@ class _OwnPoolTransport(Transport):
             yield response
 
 
-def make_client(name: str, target: Target, cache_dir: str, *, connections: int | None = None) -> ChatClient:
-    """A ChatClient for configuration ``name`` (see CONFIGS) with a pool of its own and a fresh cache folder.
+def make_client(name: str, target: Target, cache_dir: str, pools: Pools, *,
+                connections: int | None = None) -> ChatClient:
+    """A ChatClient for configuration ``name`` (see CONFIGS) with a pool of its own, opened in ``pools``
+    (which the caller closes: ``bench_pools()``), and a fresh cache folder.
 
     The pool holds ``target.max_connections`` connections, else ``connections``, else http.max_connections
     (nopool: no limit); a pool timeout in it is not retried (``_OwnPoolTransport``). Raises UsageError for an
@@ -253,14 +265,14 @@ def make_client(name: str, target: Target, cache_dir: str, *, connections: int |
         cache = dataclasses.replace(cache, policy="off")
     settings = dataclasses.replace(settings, cache=cache)
     retry = dataclasses.replace(settings.retry, max_attempts=1) if "noretry" in parts else None
-    client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
-                        http2=target.http2, retry=retry, bus=target.bus, api_key_env=target.api_key_env)
-    http = client.endpoint.http
+    endpoint, model = endpoint_from_settings(settings, target.provider, base_url=target.base_url,
+                                             api_key_env=target.api_key_env, http2=target.http2)
+    http = endpoint.http
     size = target.max_connections if target.max_connections is not None else connections
     if size is not None:
         http = dataclasses.replace(http, max_connections=size, max_keepalive_connections=size)
     if "h2" in parts:
-        tls = client.endpoint.base_url.startswith("https")
+        tls = endpoint.base_url.startswith("https")
         http = dataclasses.replace(http, http2=True if tls else "h2c")
     if "h1" in parts:
         http = dataclasses.replace(http, http2=False)
@@ -270,10 +282,16 @@ def make_client(name: str, target: Target, cache_dir: str, *, connections: int |
         http = dataclasses.replace(http, http2=False, max_keepalive_connections=0,
                                    max_connections=max(MAX_IN_FLIGHT, http.max_connections))
     # Changed on the endpoint, not the settings, so a provider's own [providers.X.http] cannot undo it; and a
-    # Transport of its own, because ChatClients share one pool per endpoint and the pool is what is compared.
-    client.endpoint = dataclasses.replace(client.endpoint, http=http)
-    client._transport = _OwnPoolTransport(client.endpoint)
-    return client
+    # transport of its own (pools.open, never shared), because the pool is what is compared.
+    endpoint = dataclasses.replace(endpoint, http=http)
+    return ChatClient(settings, model=target.model or model, retry=retry, bus=target.bus,
+                      transport=pools.open(endpoint))
+
+
+def bench_pools() -> Pools:
+    """The pools a load run owns: each configuration's, made by ``make_client``, whose pool timeouts are not
+    retried (``_OwnPoolTransport``). Close them when the run ends."""
+    return Pools(factory=_OwnPoolTransport)
 
 
 async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mode: Mode, model: str,
@@ -357,14 +375,16 @@ class LoadRun:
         cache_root = await loop.run_in_executor(None, lambda: tempfile.mkdtemp(prefix="llmchat-bench-"))
         clients: dict[str, ChatClient] = {}
         poller: ServerMetricsPoller | None = None
+        pools = bench_pools()
         try:
             for name in self.configs:
-                clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}",
+                clients[name] = make_client(name, self.target, f"{cache_root}/{len(clients)}", pools,
                                             connections=self.pool_size)
                 self.pool_sizes[name] = clients[name].endpoint.http.max_connections
             first = clients[self.configs[0]]
             self.base_url = first.endpoint.base_url
-            self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models")
+            self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models",
+                                                                         pools)
             poller = self._poller(first, list(clients.values()))
             if self.on_start is not None:
                 self.on_start(self)
@@ -378,6 +398,7 @@ class LoadRun:
                 await poller.aclose()
             for client in clients.values():
                 await client.aclose()
+            await pools.aclose()
             await loop.run_in_executor(None, lambda: shutil.rmtree(cache_root, ignore_errors=True))
 
     def _poller(self, first: ChatClient, clients: list[ChatClient]) -> ServerMetricsPoller | None:
@@ -473,15 +494,16 @@ class LoadRun:
             self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution))
 
 
-async def _first_model(target: Target, cache_dir: str) -> str:
-    # Asked on a client of its own: on a configuration's client the lookup would open a connection that
-    # configuration then reuses and the others do not. An APIError here (refused, 401 ...) is raised as it
-    # is: its one line says more than "pass --model".
-    client = make_client("base", target, cache_dir)
+async def _first_model(target: Target, cache_dir: str, pools: Pools) -> str:
+    # Asked on a client (and pool) of its own: on a configuration's client the lookup would open a connection
+    # that configuration then reuses and the others do not. An APIError here (refused, 401 ...) is raised as
+    # it is: its one line says more than "pass --model".
+    client = make_client("base", target, cache_dir, pools)
     try:
         offered = await client.models()
     finally:
         await client.aclose()
+        await pools.release(client.transport)
     if not offered:
         raise UsageError(f"no model given and {client.endpoint.hostport} lists none; pass --model")
     return offered[0]

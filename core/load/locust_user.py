@@ -45,7 +45,7 @@ from locust import User, events, task
 
 from llmchat.core.client import ChatClient
 from llmchat.core.config import Http2Mode, Settings
-from llmchat.core.http import Transport
+from llmchat.core.http import Pools
 from llmchat.core.load._locust_report import REQUEST_TYPE, report
 from llmchat.core.load._prompts import PromptPlan
 from llmchat.core.load._run import request_once
@@ -103,26 +103,26 @@ class LLMChatUser(User):
         self.sent = 0
         self.plan = PromptPlan(self.seed, self.long_ratio)
         self._client: ChatClient | None = None
+        # Pools of this user's own, closed in on_stop: users are separate clients and share no connection. Its
+        # transport is made on the engine's loop (which owns its sockets), at the user's first request.
+        self._pools = Pools()
 
     def on_start(self) -> None:
         settings = self.settings or Settings()
         settings = replace(settings, cache=replace(settings.cache, policy="off"))
         api_key = self.api_key or os.environ.get(self.api_key_env) or None
-        client = ChatClient(settings, base_url=self.host, api_key=api_key, model=self.model,
-                            http2=self.http2, use_cache=False)
-        _engine(self.environment).run(self._open(client))
-        self._client = client
-
-    @staticmethod
-    async def _open(client: ChatClient) -> None:
-        # A pool of this user's own (made on the engine's loop, which owns its sockets), not the pool
-        # ChatClients share per endpoint: users are separate clients.
-        client._transport = Transport(client.endpoint)
+        self._client = ChatClient(settings, base_url=self.host, api_key=api_key, model=self.model,
+                                  http2=self.http2, use_cache=False, pools=self._pools)
 
     def on_stop(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            _engine(self.environment).run(client.aclose())
+            _engine(self.environment).run(self._close(client, self._pools))
+
+    @staticmethod
+    async def _close(client: ChatClient, pools: Pools) -> None:
+        await client.aclose()
+        await pools.aclose()
 
     @task
     def chat(self) -> None:

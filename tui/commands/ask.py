@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from llmchat.core import (
     ChatClient,
+    Pools,
     RequestDone,
     RetryPlanned,
     ServerSignals,
@@ -95,9 +96,10 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     record: TimingRecord | None = None
     error: APIError | None = None
     cancelled = False
+    pools = Pools()  # this command's connections: the request's, the model lookup's, the metrics snapshot's
     client = ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model, http2=http2,
-                        api_key_env=args.api_key_env)
-    async with client, _observed(client, settings) as signals:
+                        api_key_env=args.api_key_env, pools=pools)
+    async with pools, client, _observed(client, settings) as signals:
         client.bus.subscribe(RetryPlanned, _announce_retry)
         finished: list[TimingRecord] = []  # the record of a request cut before it returned one (Ctrl-C)
         client.bus.subscribe(RequestDone, lambda done: finished.append(done.record))

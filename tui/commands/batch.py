@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from llmchat.core import ChatClient, Http2Mode, Settings, load_settings
+from llmchat.core import ChatClient, Http2Mode, Pools, Settings, load_settings
 from llmchat.core import text as _text
 from llmchat.core.errors import UsageError
 from llmchat.core.load import (
@@ -135,8 +135,9 @@ def _read_input(name: str) -> str:
 async def _run(args: argparse.Namespace, settings: Settings, todo: list[Job], out: TextIO,
                base_url: str | None, http2: Http2Mode | None, summary: JobSummary) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
-    async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2, api_key_env=args.api_key_env) as client:
+    async with Pools() as pools, ChatClient(settings, provider=args.provider, base_url=base_url,
+                                            model=args.model, http2=http2, api_key_env=args.api_key_env,
+                                            pools=pools) as client:
         observers = attach_observers(client.bus, settings)
         try:
             return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from llmchat.core import ChatClient, load_settings
+from llmchat.core import ChatClient, Pools, load_settings
 from llmchat.core.history import HistoryStore
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
@@ -33,12 +33,14 @@ def run(args: argparse.Namespace) -> int:
         load_prometheus_client()  # a missing extra is one line now, not a crash inside the running app
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
         offline = Offline(base_url) if base_url and not args.base_url else None
+        # One set of pools for the session, which the app closes: every client it opens shares them.
+        pools = Pools()
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
-                            model=args.model or model, http2=http2, api_key_env=args.api_key_env)
+                            model=args.model or model, http2=http2, api_key_env=args.api_key_env, pools=pools)
         # Named on the command line: a conversation resumed at start goes on with these, not its own.
         pinned = bool(args.provider or args.model or args.base_url)
         app = make_app(settings=settings, client=client, store=HistoryStore(),
                        continue_last=args.continue_last, offline=offline, metrics_port=args.metrics_port,
-                       freeze_gc=True, pinned=pinned)
+                       freeze_gc=True, pinned=pinned, pools=pools)
         app.run()
     return 0
