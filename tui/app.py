@@ -633,7 +633,7 @@ class ChatApp(App[None]):
             if msg.role == "user":
                 widgets.append(UserMessage(msg.content))
             elif msg.role == "assistant":
-                status: Status = msg.status if msg.status in ("cancelled", "error") else "done"  # type: ignore[assignment]
+                status: Status = msg.status if msg.status in ("cancelled", "error") else "done"
                 if status == "done" and msg.record is not None and msg.record.get("cache_hit"):
                     status = "cached"
                 note = msg.error or reply_note(msg.record)

@@ -618,7 +618,7 @@ def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
     )
 
 
-def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError:
+def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError | errors.ConfigError:
     """The llmchat error for a failure before the response headers (``exc`` is one of ``_WIRE_ERRORS``)."""
     where = ep.hostport
     text = " ".join(str(e) for e in _cause_chain(exc)).lower()
