@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from test_hud_snapshots import feed, stream_records
 from textual.pilot import Pilot
@@ -38,7 +39,7 @@ def _app(tmp_path: Path, keymap: dict[str, str] | None = None) -> ChatApp:
     return make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
 
 
-def test_main_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_main_screen(snap_compare: Any, tmp_path: Path) -> None:
     app = _app(tmp_path)
 
     async def fill(pilot: Pilot[None]) -> None:
@@ -55,13 +56,13 @@ def test_main_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-u
     assert snap_compare(app, terminal_size=(150, 44), run_before=fill)
 
 
-def test_help_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_help_screen(snap_compare: Any, tmp_path: Path) -> None:
     """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
     app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
     assert snap_compare(app, terminal_size=(120, 46), press=["f1"])
 
 
-def test_system_prompt_editor(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_system_prompt_editor(snap_compare: Any, tmp_path: Path) -> None:
     """The palette's "Edit system prompt": the conversation's prompt over several lines, the keys in effect,
     Cancel and Save."""
     app = _app(tmp_path)

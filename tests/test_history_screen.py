@@ -43,7 +43,7 @@ class HistoryApp(App[None]):
     def on_history_screen_deleted(self, event: HistoryScreen.Deleted) -> None:
         self.posted.append(("deleted", event.conversation_id, ""))
 
-    def notify(self, message: Any, **kw: Any) -> None:  # type: ignore[override]
+    def notify(self, message: Any, **kw: Any) -> None:
         self.notes.append(str(message))
         super().notify(message, **kw)
 
