@@ -4,10 +4,13 @@ and the import contract)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import llmchat.core
 from llmchat.tui.cli import build_parser, main
@@ -34,14 +37,21 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert test_command in ci.splitlines(), "the .ci/run test line must be README's test command, verbatim"
 
 
-def test_help_lists_every_subcommand(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ci_runs_the_static_checks_before_the_tests() -> None:
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "scripts/check" in lines, ".ci/run must run scripts/check on a line of its own"
+    assert lines.index("scripts/check") < lines.index(_readme_commands()[1]), "the checks run before the tests"
+    assert os.access(ROOT / "scripts" / "check", os.X_OK), "scripts/check must be executable"
+
+
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     help_text = parser.format_help()
     for name in ("chat", "ask", "serve", "bench", "proxy", "batch", "config", "cache", "export"):
         assert re.search(rf"^\s+{name}\s", help_text, re.M), name
 
 
-def test_version(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     try:
         main(["--version"])
     except SystemExit as exc:
@@ -94,4 +104,4 @@ def test_the_local_server_has_an_entry_point_of_its_own() -> None:
     assert done.returncode == 0 and "--profile" in done.stdout and "--cold-start-ms" in done.stdout
     with start_subprocess(["--profile", "instant"]) as server:
         # The engine starts the engine, never the face.
-        assert server.process.args[1:3] == ["-m", "llmchat.core.server"]
+        assert isinstance(server.process.args, list) and server.process.args[1:3] == ["-m", "llmchat.core.server"]
