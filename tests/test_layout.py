@@ -105,3 +105,20 @@ def test_the_local_server_has_an_entry_point_of_its_own() -> None:
     with start_subprocess(["--profile", "instant"]) as server:
         # The engine starts the engine, never the face.
         assert isinstance(server.process.args, list) and server.process.args[1:3] == ["-m", "llmchat.core.server"]
+
+
+def test_default_css_only_on_the_widgets_meant_for_reuse() -> None:
+    # The app's look is in tui/app.tcss, its one stylesheet. The widgets under tui/widgets/ are mounted on their
+    # own too (the snapshot tests, benchmarks/render.py), so they carry the CSS they need; nothing else does.
+    found = []
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        if path.is_relative_to(ROOT / "tui" / "widgets"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    targets = item.targets if isinstance(item, ast.Assign) else (
+                        [item.target] if isinstance(item, ast.AnnAssign) else [])
+                    if any(isinstance(t, ast.Name) and t.id == "DEFAULT_CSS" for t in targets):
+                        found.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert found == [], "move this CSS into tui/app.tcss: " + ", ".join(found)
