@@ -8,6 +8,10 @@ arrived before it failed (``partial_text``, ``tokens_received``) so nothing the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmchat.core.observe._timing import TimingRecord
 
 
 class LLMChatError(Exception):
@@ -68,7 +72,7 @@ class APIError(LLMChatError):
         self.tokens_received = tokens_received
         self.body_started = body_started
         #: The request's TimingRecord, attached by the client, so a failure keeps its timings too.
-        self.record: object | None = None
+        self.record: TimingRecord | None = None
 
     @property
     def kind(self) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 
-def reap(process: subprocess.Popen[str], wait_s: float) -> None:
+def reap(process: subprocess.Popen[Any], wait_s: float) -> None:
     """Kill the child if it is still running, wait for it (bounded), and close its pipes."""
     if process.poll() is None:
         process.kill()

@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
 
 from llmchat.core import (
     CacheSettings,
@@ -26,23 +29,25 @@ from llmchat.tui.app import ChatApp, Offline, make_app
 from llmchat.tui.widgets.chat import ChatMessage, PromptInput
 from llmchat.tui.widgets.hud import Hud
 
+Factory = Callable[..., RunningServer]
+
 MODEL = "llmchat-local"
 
 
-def _settings(tmp_path: Path, **changes: object) -> Settings:
+def _settings(tmp_path: Path, **changes: Any) -> Settings:
     base = replace(Settings(), cache=CacheSettings(path=str(tmp_path / "cache"), policy="always"),
                    http=replace(HttpSettings(), warmup=False))
     return replace(base, **changes)
 
 
-def _app(server: RunningServer, tmp_path: Path, *, settings: Settings | None = None, **kw: object) -> ChatApp:
+def _app(server: RunningServer, tmp_path: Path, *, settings: Settings | None = None, **kw: Any) -> ChatApp:
     settings = settings or _settings(tmp_path)
     client = ChatClient(settings, base_url=server.base_url, model=MODEL, http2="h2c")
     store = HistoryStore(tmp_path / "history.sqlite3")
-    return make_app(settings=settings, client=client, store=store, **kw)  # type: ignore[arg-type]
+    return make_app(settings=settings, client=client, store=store, **kw)
 
 
-async def _until(pilot, cond: Callable[[], bool], timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(pilot: Pilot[Any], cond: Callable[[], bool], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -50,7 +55,7 @@ async def _until(pilot, cond: Callable[[], bool], timeout: float = 15.0) -> None
         await pilot.pause(0.02)
 
 
-async def _send(pilot, app: ChatApp, text: str) -> ChatMessage:  # type: ignore[no-untyped-def]
+async def _send(pilot: Pilot[Any], app: ChatApp, text: str) -> ChatMessage:
     prompt = app.query_one(PromptInput)
     prompt.text = text
     before = len(app.query(ChatMessage))
@@ -59,7 +64,7 @@ async def _send(pilot, app: ChatApp, text: str) -> ChatMessage:  # type: ignore[
     return list(app.query(ChatMessage))[-1]
 
 
-async def test_send_streams_a_reply_and_saves_it(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_send_streams_a_reply_and_saves_it(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=400)
     app = _app(server, tmp_path)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -77,7 +82,7 @@ async def test_send_streams_a_reply_and_saves_it(server_factory, tmp_path: Path)
     assert conv.messages[1].record and conv.messages[1].record["http_version"] == "HTTP/2"
 
 
-async def test_escape_cancels_and_keeps_the_partial_reply(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_escape_cancels_and_keeps_the_partial_reply(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=40)
     app = _app(server, tmp_path)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -112,7 +117,9 @@ async def test_batch_mode_shows_a_cache_hit(local_server: RunningServer, tmp_pat
         await _until(pilot, lambda: hud.metrics.cache_hits == 1)
 
 
-async def test_retry_is_visible_then_the_error_restores_the_prompt(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_retry_is_visible_then_the_error_restores_the_prompt(
+    server_factory: Factory, tmp_path: Path
+) -> None:
     server = server_factory(error_rate=1.0)
     settings = _settings(tmp_path, retry=RetrySettings(max_attempts=2, base_delay_s=0.05, max_delay_s=0.05))
     app = _app(server, tmp_path, settings=settings)
@@ -214,7 +221,9 @@ async def test_request_log_and_metrics_port(local_server: RunningServer, tmp_pat
     assert len(lines) == 1 and lines[0]["http_version"] == "HTTP/2"
 
 
-async def test_the_garbage_collector_is_frozen_only_when_the_program_asks(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_garbage_collector_is_frozen_only_when_the_program_asks(
+    server_factory: Factory, tmp_path: Path
+) -> None:
     import gc
 
     server = server_factory(tokens_per_s=0)
@@ -247,7 +256,8 @@ async def test_the_app_scrapes_the_providers_metrics_and_keeps_cold_start_baseli
         assert "0 waiting · 0 running" in str(hud.server_line.content)
         reply = await _send(pilot, app, "am I saturating it")
         await _until(pilot, lambda: reply.is_final and hud.metrics.last is not None)
-        assert hud.metrics.last.server_metrics is not None  # the record carries the snapshot
+        last = hud.metrics.last
+        assert last is not None and last.server_metrics is not None  # the record carries the snapshot
     # At exit the HUD's cold-start window went to the state folder, for the next run.
     state = Path(os.environ["XDG_STATE_HOME"]) / "llmchat" / "coldstart.json"
     [track] = json.loads(state.read_text())["tracks"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.text import Text
@@ -82,7 +83,7 @@ def rate_limited(now_ns: int, width: int) -> tuple[str, Text]:
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_main_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_main_screen(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> None:
     """A finished reply, labelled with its model, then one waiting out a rate limit: its state line under it.
     At 60 columns the HUD has folded away (the note saying so is the first screen's, gone here)."""
     app = _app(tmp_path)
@@ -109,7 +110,7 @@ def test_main_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> Non
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_first_screen_offline(snap_compare, tmp_path: Path, size: tuple[int, int],  # type: ignore[no-untyped-def]
+def test_first_screen_offline(snap_compare: Any, tmp_path: Path, size: tuple[int, int],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     """What a newcomer sees: what answers, and how to add a provider (the config file of a fixed home)."""
     monkeypatch.setenv("HOME", "/home/you")
@@ -123,7 +124,7 @@ def test_first_screen_offline(snap_compare, tmp_path: Path, size: tuple[int, int
     assert snap_compare(app, terminal_size=size, run_before=still)
 
 
-def test_hud_over_the_chat_at_60_columns(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_hud_over_the_chat_at_60_columns(snap_compare: Any, tmp_path: Path) -> None:
     app = _app(tmp_path)
 
     async def fill(pilot: Pilot[None]) -> None:
@@ -137,7 +138,7 @@ def test_hud_over_the_chat_at_60_columns(snap_compare, tmp_path: Path) -> None: 
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_help_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_help_screen(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> None:
     """F1 over the main screen: every binding, its key in effect (two remapped), its id, what it does."""
     app = _app(tmp_path, keymap={"prompt.send": "ctrl+s", "history.open": "f6"})
 
@@ -150,7 +151,7 @@ def test_help_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> Non
     assert snap_compare(app, terminal_size=size, run_before=keys)
 
 
-def test_system_prompt_editor(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_system_prompt_editor(snap_compare: Any, tmp_path: Path) -> None:
     """The palette's "Edit system prompt": the conversation's prompt over several lines, the keys in effect,
     Cancel and Save."""
     app = _app(tmp_path)

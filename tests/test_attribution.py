@@ -44,7 +44,7 @@ def record(
     mode: str = "stream",
     *,
     start: float = 0.2,
-    connect: tuple[float, float] | None = None,
+    connect: tuple[float, float | None] | None = None,
     tls: tuple[float, float] | None = None,
     send: tuple[float, float | None] | None = (0.5, 1.0),
     headers: float | None = 5.0,
@@ -700,4 +700,4 @@ def test_wire_loads_decodes_what_the_stdlib_does_even_where_orjson_refuses() -> 
     with pytest.raises(ValueError):
         wire.loads(b"{not json")
     delta = wire.parse_chunk('{"choices":[{"delta":{"content":"hi"}}],"timings":{"prompt_ms":NaN}}')
-    assert delta.content == "hi" and delta.timings == {"prompt_ms": pytest.approx(float("nan"), nan_ok=True)}
+    assert delta.content == "hi" and delta.timings == pytest.approx({"prompt_ms": float("nan")}, nan_ok=True)

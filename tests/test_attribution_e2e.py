@@ -167,7 +167,7 @@ async def test_two_requests_on_one_slot_show_queueing_and_saturation(
 ) -> None:
     srv = server_factory(ttft_ms=200, max_concurrency=1)
     async with _client(srv.base_url, tmp_path) as client:
-        records = await asyncio.gather(_stream(client, max_tokens=5), _stream(client, max_tokens=5))
+        records = list(await asyncio.gather(_stream(client, max_tokens=5), _stream(client, max_tokens=5)))
     records.sort(key=lambda r: (r.server_timing or {}).get("received_ns", 0))
     first, second = (attribute(r) for r in records)
     assert first.ms("server_queue") < SATURATION_FREE_MS and "saturation" not in first.flags
@@ -321,8 +321,8 @@ async def test_openai_processing_header_is_the_server_share_of_time_to_headers(
 
 
 async def test_openai_processing_header_on_a_whole_reply(peer: Callable[..., P.Peer], tmp_path: Path) -> None:
-    reply = P.json_response(200, P.completion("hi"), headers={"openai-processing-ms": "80"})
-    p = peer([P.Pause(0.08), reply])
+    whole = P.json_response(200, P.completion("hi"), headers={"openai-processing-ms": "80"})
+    p = peer([P.Pause(0.08), whole])
     async with _client(p.base_url, tmp_path, http2=False, model="peer-model") as client:
         reply = await asyncio.wait_for(client.complete(MSG), WAIT_S)
     a = attribute(reply.record)

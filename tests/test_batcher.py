@@ -135,7 +135,7 @@ async def test_a_caller_cancelled_while_queued_never_reaches_the_handler() -> No
         await spin()
         async with asyncio.timeout(BOUND_S):
             # The cancelled item no longer counts: it takes two live callers to fill a batch of two.
-            assert await asyncio.gather(batcher.submit("b"), batcher.submit("c")) == ["b", "c"]
+            assert list(await asyncio.gather(batcher.submit("b"), batcher.submit("c"))) == ["b", "c"]
     assert doomed.cancelled()
     assert seen == ["b", "c"]
     assert batcher.sizes == [2]

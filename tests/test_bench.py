@@ -82,7 +82,9 @@ def table_cell(out: str, label: str, quantile: str, column: int = 0) -> str:
 
 # -- the loops -----------------------------------------------------------------------------------------------
 
-def test_closed_loop_sends_exactly_the_requests_asked(capsys, tmp_path, local_server) -> None:
+def test_closed_loop_sends_exactly_the_requests_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "4",
                            "--requests", "23", "--max-tokens", "5")
     reqs = data["requests"]
@@ -95,7 +97,9 @@ def test_closed_loop_sends_exactly_the_requests_asked(capsys, tmp_path, local_se
     assert all(label in out for label in labels)
 
 
-def test_closed_loop_with_a_duration_keeps_sending_until_it_ends(capsys, tmp_path, local_server) -> None:
+def test_closed_loop_with_a_duration_keeps_sending_until_it_ends(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "3",
                          "--duration", "0.4", "--max-tokens", "3")
     stats = data["configs"][0]
@@ -104,7 +108,9 @@ def test_closed_loop_with_a_duration_keeps_sending_until_it_ends(capsys, tmp_pat
     assert stats["wall_s"] >= 0.4
 
 
-def test_open_loop_sends_at_roughly_the_rate(capsys, tmp_path, local_server) -> None:
+def test_open_loop_sends_at_roughly_the_rate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--rate", "40",
                          "--duration", "1.0", "--max-tokens", "3")
     n = data["configs"][0]["requests"]
@@ -116,7 +122,7 @@ def test_open_loop_sends_at_roughly_the_rate(capsys, tmp_path, local_server) -> 
     assert data["configs"][0]["requests"] == 12
 
 
-async def test_open_loop_cap_delays_arrivals_and_counts_it(server_factory: Factory, tmp_path) -> None:
+async def test_open_loop_cap_delays_arrivals_and_counts_it(server_factory: Factory, tmp_path: Path) -> None:
     srv = server_factory(profile="instant", ttft_ms=80.0)
     scenario = Scenario(rate=400.0, requests=12, max_tokens=2, max_in_flight=3)
     samples: list[Sample] = []
@@ -132,7 +138,9 @@ async def test_open_loop_cap_delays_arrivals_and_counts_it(server_factory: Facto
 
 # -- the figures ---------------------------------------------------------------------------------------------
 
-def test_percentile_table_agrees_with_the_request_records(capsys, tmp_path, server_factory: Factory) -> None:
+def test_percentile_table_agrees_with_the_request_records(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     srv = server_factory(profile="instant", ttft_ms=5.0, tokens_per_s=2000.0, jitter_ms=5.0)
     data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--users", "5", "--requests", "30",
                            "--max-tokens", "8")
@@ -154,7 +162,9 @@ def test_percentile_table_agrees_with_the_request_records(capsys, tmp_path, serv
     assert table_cell(out, "TTFT ms", "p99") == fmt_ms(lat["ttft"]["p99"])
 
 
-def test_errors_are_counted_by_class(capsys, tmp_path, server_factory: Factory) -> None:
+def test_errors_are_counted_by_class(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     srv = server_factory(profile="instant", error_rate=0.5, seed=3)
     data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--compare", "noretry",
                            "--users", "4", "--requests", "40", "--max-tokens", "3")
@@ -172,7 +182,9 @@ def test_errors_are_counted_by_class(capsys, tmp_path, server_factory: Factory) 
     assert stats["latency_ms"]["e2e"]["p50"] == pytest.approx(percentile(ok_totals, 50), abs=0.002)
 
 
-def test_goodput_counts_the_requests_that_meet_the_slo(capsys, tmp_path, server_factory: Factory) -> None:
+def test_goodput_counts_the_requests_that_meet_the_slo(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     # Time to first token uniform in [0, 200] ms: about half the requests miss a 100 ms objective.
     srv = server_factory(profile="instant", jitter_ms=200.0, seed=5)
     data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--users", "10", "--requests", "30",
@@ -185,7 +197,9 @@ def test_goodput_counts_the_requests_that_meet_the_slo(capsys, tmp_path, server_
     assert "goodput" in out and "TTFT <= 100 ms" in out
 
 
-def test_long_ratio_one_sends_prompts_over_a_thousand_tokens(capsys, tmp_path, local_server) -> None:
+def test_long_ratio_one_sends_prompts_over_a_thousand_tokens(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--users", "2",
                          "--requests", "6", "--long-ratio", "1.0", "--max-tokens", "2")
     assert all(r["long_prompt"] and r["prompt_tokens"] > 1000 for r in data["requests"])
@@ -208,7 +222,7 @@ def test_prompt_plan_is_the_same_under_every_configuration_and_mixes_as_asked() 
 # -- comparisons ---------------------------------------------------------------------------------------------
 
 def test_compare_shows_http_versions_reuse_and_a_new_connection_per_nopool_request(
-    capsys, tmp_path, local_server
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
 ) -> None:
     data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--compare", "h1,h2,nopool",
                            "--users", "4", "--requests", "20", "--max-tokens", "3")
@@ -239,7 +253,9 @@ def test_compare_shows_http_versions_reuse_and_a_new_connection_per_nopool_reque
     assert compare_lines[2].split()[:2] == ["h2", "HTTP/2"]
 
 
-def test_max_connections_sizes_the_pool(capsys, tmp_path, server_factory: Factory) -> None:
+def test_max_connections_sizes_the_pool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     srv = server_factory(profile="instant", ttft_ms=20.0)
     data, out = bench_json(capsys, tmp_path, "--base-url", srv.base_url, "--compare", "h1", "--users", "4",
                            "--requests", "12", "--max-tokens", "2", "--max-connections", "2", "--slices", "1")
@@ -256,7 +272,9 @@ def _short_pool_timeout(tmp_path: Path) -> str:
     return str(config)
 
 
-def test_pools_are_sized_for_the_users(capsys, tmp_path, server_factory: Factory) -> None:
+def test_pools_are_sized_for_the_users(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     # 30 users against the default pool of 10 would queue 20 of them for longer than the pool timeout.
     srv = server_factory(profile="instant", ttft_ms=150.0)
     data, out = bench_json(capsys, tmp_path, "--config", _short_pool_timeout(tmp_path), "--base-url",
@@ -271,8 +289,9 @@ def test_pools_are_sized_for_the_users(capsys, tmp_path, server_factory: Factory
     assert "client errors" in out and "timeout_pool" not in out
 
 
-def test_a_pool_too_small_warns_once_and_its_timeouts_are_the_clients(capsys, tmp_path,
-                                                                      server_factory: Factory) -> None:
+def test_a_pool_too_small_warns_once_and_its_timeouts_are_the_clients(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     srv = server_factory(profile="instant", ttft_ms=150.0)
     data, out = bench_json(capsys, tmp_path, "--config", _short_pool_timeout(tmp_path), "--base-url",
                            srv.base_url, "--compare", "h1", "--users", "6", "--requests", "12",
@@ -294,7 +313,9 @@ def test_a_pool_too_small_warns_once_and_its_timeouts_are_the_clients(capsys, tm
     assert "never reached the server" in out
 
 
-def test_the_pool_warning_is_said_once_before_the_run(capsys, tmp_path, local_server) -> None:
+def test_the_pool_warning_is_said_once_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,h2", "--users", "4",
                            "--requests", "8", "--max-tokens", "2", "--max-connections", "2")
     assert code == 0, err
@@ -310,8 +331,9 @@ def test_the_pool_warning_is_said_once_before_the_run(capsys, tmp_path, local_se
 
 
 def test_compare_over_tls_negotiates_h2_by_alpn_and_counts_handshakes(
-    capsys, tmp_path, tls_server, monkeypatch
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tls_server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert tls_server.cert_path is not None
     monkeypatch.setenv("SSL_CERT_FILE", tls_server.cert_path)
     data, out = bench_json(capsys, tmp_path, "--base-url", tls_server.base_url, "--compare", "h2,h1,nopool",
                            "--users", "2", "--requests", "10", "--max-tokens", "2")
@@ -324,7 +346,9 @@ def test_compare_over_tls_negotiates_h2_by_alpn_and_counts_handshakes(
     assert stats["h2"]["connections_opened"] < stats["nopool"]["connections_opened"] == 10
 
 
-def test_same_prompts_under_each_configuration(capsys, tmp_path, local_server) -> None:
+def test_same_prompts_under_each_configuration(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, _ = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--compare", "h1,h2",
                          "--users", "3", "--requests", "15", "--long-ratio", "0.5", "--max-tokens", "2")
     seen: dict[tuple[int, int], list[tuple[bool, int]]] = {}
@@ -334,7 +358,9 @@ def test_same_prompts_under_each_configuration(capsys, tmp_path, local_server) -
     assert all(len(v) == 2 and v[0] == v[1] for v in seen.values())
 
 
-def test_batch_mode_cache_hits_and_nocache(capsys, tmp_path, local_server) -> None:
+def test_batch_mode_cache_hits_and_nocache(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--mode", "batch",
                            "--temperature", "0", "--prompts", "2", "--compare", "base,nocache",
                            "--users", "1", "--requests", "10", "--max-tokens", "3")
@@ -357,7 +383,9 @@ def test_interleave_runs_each_configuration_once_per_round_in_a_seeded_order() -
 
 # -- secrets and files ---------------------------------------------------------------------------------------
 
-def test_json_and_output_hold_no_api_key(capsys, tmp_path, server_factory: Factory, monkeypatch) -> None:
+def test_json_and_output_hold_no_api_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = "sk-bench-SECRET-7f3a9c"
     srv = server_factory(profile="instant", api_key=key)
     monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
@@ -387,7 +415,9 @@ def _complete_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
-def test_json_holds_each_request_as_the_run_goes(capsys, tmp_path, server_factory: Factory) -> None:
+def test_json_holds_each_request_as_the_run_goes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
+) -> None:
     # About 80 ms a request, two users, 30 requests: a run of more than a second.
     srv = server_factory(profile="instant", ttft_ms=40.0, tokens_per_s=100.0)
     path = tmp_path / "live.jsonl"
@@ -416,14 +446,18 @@ def test_json_holds_each_request_as_the_run_goes(capsys, tmp_path, server_factor
     capsys.readouterr()
 
 
-def test_json_path_that_cannot_be_written_fails_before_the_run(capsys, tmp_path, local_server) -> None:
+def test_json_path_that_cannot_be_written_fails_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     code, out, err = bench(capsys, "--base-url", local_server.base_url, "--users", "1", "--requests", "2",
                            "--json", str(tmp_path / "no-such-folder" / "b.jsonl"))
     assert code == 2 and out == ""  # nothing was run, so nothing was lost
     assert err.count("\n") == 1 and err.startswith("llmchat: --json: cannot write") and "folder" in err
 
 
-def test_plot_writes_an_svg_with_each_configuration(capsys, tmp_path, local_server) -> None:
+def test_plot_writes_an_svg_with_each_configuration(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     svg = tmp_path / "out.svg"
     code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,nopool", "--users",
                            "2", "--requests", "10", "--max-tokens", "2", "--plot", str(svg))
@@ -436,7 +470,7 @@ def test_plot_writes_an_svg_with_each_configuration(capsys, tmp_path, local_serv
     assert len(bars) == 3 + 2 * 2 * 3  # the legend, then 2 panels x 2 configurations x p50/p90/p99
 
 
-def test_plot_draws_in_the_terminal(capsys, local_server) -> None:
+def test_plot_draws_in_the_terminal(capsys: pytest.CaptureFixture[str], local_server: RunningServer) -> None:
     code, out, err = bench(capsys, "--base-url", local_server.base_url, "--compare", "h1,h2", "--users", "2",
                            "--requests", "10", "--max-tokens", "2", "--plot")
     assert code == 0, err
@@ -457,13 +491,15 @@ def test_plot_draws_in_the_terminal(capsys, local_server) -> None:
     (["--long-ratio", "1.5"], "--long-ratio must be between 0 and 1"),
     (["--max-connections", "0"], "--max-connections must be at least 1"),
 ])
-def test_bad_flags_are_one_line_usage_errors(capsys, argv: list[str], says: str) -> None:
+def test_bad_flags_are_one_line_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
     code, out, err = bench(capsys, "--base-url", "http://127.0.0.1:9/v1", *argv)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("llmchat: ") and says in err
 
 
-def test_users_and_rate_are_exclusive(capsys) -> None:
+def test_users_and_rate_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--users", "2", "--rate", "3"])
     assert exc.value.code == 2
@@ -473,10 +509,10 @@ def test_users_and_rate_are_exclusive(capsys) -> None:
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def test_nothing_listening(capsys) -> None:
+def test_nothing_listening(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{_closed_port()}/v1"
     code, out, err = bench(capsys, "--base-url", url, "--users", "1", "--requests", "3")
     assert code == 1 and err.count("\n") == 1 and "connection refused" in err  # listing the models
@@ -512,7 +548,7 @@ def test_progress_line_shows_live_percentiles_and_errors() -> None:
     assert stream.getvalue().startswith("\r") and stream.getvalue().endswith("\n")
 
 
-def test_settings_are_left_alone_by_a_comparison(local_server, tmp_path) -> None:
+def test_settings_are_left_alone_by_a_comparison(local_server: RunningServer, tmp_path: Path) -> None:
     # The configurations change their own copies: the caller's settings and pools stay as they were.
     settings = Settings()
     samples: list[Sample] = []
@@ -545,7 +581,7 @@ def shown_as(cell: str, ms: float) -> bool:
 
 
 def test_per_part_percentiles_agree_with_each_requests_attribution(
-    capsys, tmp_path, server_factory: Factory
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, server_factory: Factory
 ) -> None:
     # Some requests fail (they are left out of the percentiles), the rest get the server's own stamps.
     srv = server_factory(profile="instant", ttft_ms=5.0, tokens_per_s=2000.0, jitter_ms=5.0, error_rate=0.2,
@@ -582,7 +618,9 @@ def test_per_part_percentiles_agree_with_each_requests_attribution(
         assert f"{stats['config']}  " in out.split("where the time went", 1)[1]
 
 
-def test_cache_hits_are_all_client_time(capsys, tmp_path, local_server) -> None:
+def test_cache_hits_are_all_client_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, local_server: RunningServer
+) -> None:
     data, out = bench_json(capsys, tmp_path, "--base-url", local_server.base_url, "--mode", "batch",
                            "--temperature", "0", "--prompts", "1", "--users", "1", "--requests", "6",
                            "--max-tokens", "3")
@@ -595,7 +633,9 @@ def test_cache_hits_are_all_client_time(capsys, tmp_path, local_server) -> None:
     assert "cache" in attribution_rows(out)
 
 
-def test_bench_writes_the_request_log(server_factory, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_bench_writes_the_request_log(
+    server_factory: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import json as _json
 
     from llmchat.tui.cli import main as _main
@@ -618,7 +658,7 @@ def _alive(kind: type) -> int:
     return sum(1 for o in gc.get_objects() if type(o) is kind)
 
 
-async def test_a_load_run_keeps_only_its_tallies(local_server) -> None:
+async def test_a_load_run_keeps_only_its_tallies(local_server: RunningServer) -> None:
     # 250 requests of 64 tokens: 15,750 chunk gaps, past the exact limit; everything else under it.
     seen = 0
 
@@ -652,7 +692,7 @@ async def test_a_load_run_keeps_only_its_tallies(local_server) -> None:
 
 def test_a_distribution_is_exact_until_its_limit_then_within_its_error() -> None:
     rng = random.Random(7)
-    draws = {
+    draws: dict[str, Callable[[], float]] = {
         "lognormal": lambda: rng.lognormvariate(3.0, 1.0),
         "straddling zero": lambda: rng.uniform(-5.0, 50.0),
         "with zeros": lambda: rng.choice([0.0, rng.expovariate(0.2)]),

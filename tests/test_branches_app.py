@@ -4,6 +4,7 @@ the local server over real sockets, on a real SQLite file in tmp."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from test_app import MODEL, _send, _settings, _until
 
@@ -129,7 +130,7 @@ async def test_search_and_open_a_hit(local_server: RunningServer, tmp_path: Path
 
 
 async def test_reading_keys_scroll_with_the_prompt_focused_and_the_view_keeps_its_place(
-        server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        server_factory: Any, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=200)
     app = _app(server, tmp_path)
     async with app.run_test(size=(120, 24)) as pilot:

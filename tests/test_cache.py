@@ -17,6 +17,7 @@ import stat
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import diskcache
 import pytest
@@ -39,9 +40,9 @@ def chat_key(**params: object) -> str:
 async def make_cache(tmp_path: Path) -> AsyncIterator[Callable[..., ReplyCache]]:
     made: list[ReplyCache] = []
 
-    def make(folder: Path | None = None, **kw: object) -> ReplyCache:
+    def make(folder: Path | None = None, **kw: Any) -> ReplyCache:
         kw.setdefault("policy", "always")
-        cache = ReplyCache(CacheSettings(path=str(folder or tmp_path / "cache"), **kw))  # type: ignore[arg-type]
+        cache = ReplyCache(CacheSettings(path=str(folder or tmp_path / "cache"), **kw))
         made.append(cache)
         return cache
 
@@ -54,7 +55,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "llmchat.cache" and r.levelno >= logging.WARNING]
 
 
-def rows(folder: Path) -> list[tuple[object, ...]]:
+def rows(folder: Path) -> list[tuple[Any, ...]]:
     con = sqlite3.connect(folder / "cache.db")
     try:
         return con.execute("SELECT key, raw, mode, filename, store_time, expire_time FROM Cache").fetchall()
@@ -92,16 +93,18 @@ def test_key_functions_cannot_see_an_api_key_or_headers() -> None:
         ReplyCache.chat_key(base_url=BASE, model="m", messages=MESSAGES, params={},  # type: ignore[call-arg]
                             api_key="sk-a")
     # Two users with different keys asking the same thing share one entry.
-    requests = [{"headers": {"Authorization": f"Bearer sk-{who}"}, "params": {"temperature": 0}} for who in "ab"]
+    requests: list[dict[str, dict[str, Any]]] = [
+        {"headers": {"Authorization": f"Bearer sk-{who}"}, "params": {"temperature": 0}} for who in "ab"
+    ]
     keys = {ReplyCache.chat_key(base_url=BASE, model="m", messages=MESSAGES, params=r["params"]) for r in requests}
     assert len(keys) == 1
 
 
 def test_embedding_key_depends_on_text_model_dimensions_and_base_url() -> None:
     def ek(**kw: object) -> str:
-        args: dict[str, object] = {"base_url": BASE, "model": "e", "text": "hello", "dimensions": None}
+        args: dict[str, Any] = {"base_url": BASE, "model": "e", "text": "hello", "dimensions": None}
         args.update(kw)
-        return ReplyCache.embedding_key(**args)  # type: ignore[arg-type]
+        return ReplyCache.embedding_key(**args)
 
     base = ek()
     assert ek(base_url=BASE + "/") == base
@@ -172,10 +175,10 @@ async def test_embeddings_mixed_hits_and_one_executor_hop(make_cache: Callable[.
     hops = 0
     submit = cache._executor.submit
 
-    def counting_submit(*args: object, **kw: object) -> object:
+    def counting_submit(*args: Any, **kw: Any) -> Any:
         nonlocal hops
         hops += 1
-        return submit(*args, **kw)  # type: ignore[arg-type]
+        return submit(*args, **kw)
 
     cache._executor.submit = counting_submit  # type: ignore[method-assign]
     await asyncio.wait_for(cache.put_embeddings(list(vectors.items())), WAIT_S)
@@ -604,7 +607,7 @@ def test_cli_takes_cache_settings_from_the_config_file(
 
 
 def test_chat_key_treats_equal_numbers_and_unset_params_alike() -> None:
-    base = {"base_url": "http://h/v1", "model": "m", "messages": [{"role": "user", "content": "x"}]}
+    base: dict[str, Any] = {"base_url": "http://h/v1", "model": "m", "messages": [{"role": "user", "content": "x"}]}
     k0 = ReplyCache.chat_key(**base, params={"temperature": 0, "max_tokens": 10})
     assert k0 == ReplyCache.chat_key(**base, params={"temperature": 0.0, "max_tokens": 10, "seed": None})
     assert k0 != ReplyCache.chat_key(**base, params={"temperature": 0.5, "max_tokens": 10})

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
@@ -52,9 +53,9 @@ async def _settled(pilot: Pilot[None]) -> None:
     await pilot.pause()
 
 
-def test_finished_conversation(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_finished_conversation(snap_compare: Any) -> None:
     assert snap_compare(FinishedConversation(), terminal_size=(80, 34), run_before=_settled)
 
 
-def test_finished_conversation_narrow(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_finished_conversation_narrow(snap_compare: Any) -> None:
     assert snap_compare(FinishedConversation(), terminal_size=(44, 40), run_before=_settled)

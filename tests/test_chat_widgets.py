@@ -930,7 +930,7 @@ def test_rendering_against_a_deadline_goes_block_by_block_and_ends_complete() ->
     renderer = _renderer()
     document.bind(renderer)
     document.finish()
-    counts = []
+    counts: list[int] = []
     while not counts or not document.complete(60):
         counts.append(len(document.lines(60, deadline_ns=perf_counter_ns())))  # a deadline already past
     assert len(counts) > 5 and counts == sorted(counts)

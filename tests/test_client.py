@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,12 +25,13 @@ from llmchat.core import (
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 
+Factory = Callable[..., RunningServer]
+
 MSG = [{"role": "user", "content": "tell me about pools"}]
 MODEL = "llmchat-local"
 
 
-
-def _settings(tmp_path: Path, **http: object) -> Settings:
+def _settings(tmp_path: Path, **http: Any) -> Settings:
     return replace(Settings(), http=replace(HttpSettings(), **http),
                    cache=CacheSettings(path=str(tmp_path / "cache")))
 
@@ -66,7 +69,7 @@ async def test_stream_records_every_phase(local_server: RunningServer, tmp_path:
     assert r.to_mono_ns(r.first_token_ns) >= r.server_timing["first_token_ns"]  # type: ignore[arg-type]
 
 
-async def test_paced_stream_has_a_token_rate(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_paced_stream_has_a_token_rate(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=400)
     async with ChatClient(_settings(tmp_path), base_url=server.base_url, model=MODEL, http2="h2c") as c:
         stream = c.stream(MSG, max_tokens=20)
@@ -142,7 +145,7 @@ async def test_breaking_out_marks_the_record_cancelled(local_server: RunningServ
     assert again.text
 
 
-async def test_task_cancel_keeps_partial_text(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_task_cancel_keeps_partial_text(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=200)
     async with ChatClient(_settings(tmp_path), base_url=server.base_url, model=MODEL, http2="h2c") as c:
         stream = c.stream(MSG, max_tokens=300)
@@ -193,7 +196,9 @@ async def test_embeddings(local_server: RunningServer, tmp_path: Path) -> None:
     assert abs(sum(x * x for x in v[0]) - 1.0) < 1e-3
 
 
-async def test_model_defaults_to_the_first_the_server_lists(local_server: RunningServer, tmp_path: Path) -> None:
+async def test_model_defaults_to_the_first_the_server_lists(
+    local_server: RunningServer, tmp_path: Path
+) -> None:
     async with ChatClient(_settings(tmp_path), base_url=local_server.base_url) as c:
         models = await c.models()
         stream = c.stream(MSG, max_tokens=3)
@@ -202,7 +207,9 @@ async def test_model_defaults_to_the_first_the_server_lists(local_server: Runnin
 
 
 @pytest.mark.parametrize("flags", [[], ["--http1"], ["--batch"]], ids=["h2c", "http1", "batch"])
-def test_ask_json_prints_a_full_record(local_server: RunningServer, capsys, flags: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_ask_json_prints_a_full_record(
+    local_server: RunningServer, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
     status = main(["ask", "hello", "--json", "--base-url", local_server.base_url, "--model", MODEL,
                    "--max-tokens", "12", *flags])
     out = capsys.readouterr().out
@@ -218,7 +225,9 @@ def test_ask_json_prints_a_full_record(local_server: RunningServer, capsys, flag
     assert obj["mode"] == ("batch" if "--batch" in flags else "stream")
 
 
-def test_ask_over_tls_h2(tls_server: RunningServer, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ask_over_tls_h2(
+    tls_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f'[http]\nverify = "{tls_server.cert_path}"\n', encoding="utf-8")
     status = main(["--config", str(config), "ask", "hi", "--json", "--base-url", tls_server.base_url,
@@ -227,7 +236,7 @@ def test_ask_over_tls_h2(tls_server: RunningServer, tmp_path: Path, capsys) -> N
     assert status == 0 and obj["http_version"] == "HTTP/2" and obj["connection_reused"] is False
 
 
-def test_ask_streams_text_and_stats(local_server: RunningServer, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ask_streams_text_and_stats(local_server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["ask", "hello", "--stats", "--base-url", local_server.base_url, "--model", MODEL,
                    "--max-tokens", "12"])
     captured = capsys.readouterr()
@@ -236,7 +245,9 @@ def test_ask_streams_text_and_stats(local_server: RunningServer, capsys) -> None
     assert line.startswith("llmchat: HTTP/1.1") and "ttft" in line and "12 tokens" in line
 
 
-def test_ask_reads_stdin(local_server: RunningServer, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_ask_reads_stdin(
+    local_server: RunningServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("from stdin"))
@@ -245,7 +256,7 @@ def test_ask_reads_stdin(local_server: RunningServer, capsys, monkeypatch) -> No
     assert status == 0 and "from stdin" in json.loads(capsys.readouterr().out)["reply"]
 
 
-def test_ask_with_no_provider_uses_the_local_server(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ask_with_no_provider_uses_the_local_server(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["ask", "hello", "--json", "--max-tokens", "5"])
     captured = capsys.readouterr()
     assert status == 0 and "local server (offline demo)" in captured.err
@@ -253,6 +264,6 @@ def test_ask_with_no_provider_uses_the_local_server(capsys) -> None:  # type: ig
     assert obj["http_version"] == "HTTP/2" and obj["model"] == MODEL
 
 
-def test_ask_empty_prompt_is_a_usage_error(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ask_empty_prompt_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ask", "  "]) == 2
     assert "prompt is empty" in capsys.readouterr().err

@@ -158,7 +158,7 @@ def free_port() -> int:
     return port
 
 
-def sse(*parts: bytes) -> list[P.Step]:
+def sse(*parts: P.Step) -> list[P.Step]:
     return [P.SSE_HEAD, *parts]
 
 

@@ -20,12 +20,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import peers as P
 import pytest
 
 from llmchat.core.server import RunningServer
+
+if TYPE_CHECKING:
+    from terminal import Terminal, TerminalSession
 
 LLMCHAT = str(Path(sys.executable).parent / "llmchat")
 MODEL = "llmchat-local"
@@ -354,7 +357,11 @@ def test_batch_sigint_then_kill_then_resume_loses_nothing(tmp_path: Path, counte
                                     "--model", MODEL, "--quiet", "--concurrency", "1"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **FAST})
         done_before = len(_results(out)) if out.exists() else 0
-        _wait_until(lambda n=done_before: out.exists() and len(_results(out)) > n, process)
+
+        def more_done(n: int = done_before) -> bool:
+            return out.exists() and len(_results(out)) > n
+
+        _wait_until(more_done, process)
         process.send_signal(stop)
         process.wait(BOUND_S)
         err = process.stderr.read().decode() if process.stderr else ""
@@ -415,14 +422,14 @@ def _app_config(server: RunningServer) -> str:
     return f'[providers.local]\nbase_url = "{server.base_url}"\nmodel = "{MODEL}"\nhttp = {{ http2 = "h2c" }}\n'
 
 
-def _chat_once(t: Any, prompt: str, answer: str) -> str:
+def _chat_once(t: Terminal, prompt: str, answer: str) -> str:
     t.write(prompt)
     t.wait_for(lambda s: prompt in s, 10.0, what="the prompt in the input")
     t.press("enter")
     return t.wait_for(answer, 20.0, what="the reply on screen")
 
 
-def test_app_on_a_split_surrogate_stream_shows_the_emoji(terminals: Any, server_factory: Factory) -> None:
+def test_app_on_a_split_surrogate_stream_shows_the_emoji(terminals: TerminalSession, server_factory: Factory) -> None:
     server = server_factory(split_surrogates=True, profile="instant")
     terminals.write_config(_app_config(server))
     t = terminals.start()
@@ -440,7 +447,7 @@ def test_app_on_a_split_surrogate_stream_shows_the_emoji(terminals: Any, server_
 
 @pytest.mark.parametrize("state", ["read-only", "damaged"])
 def test_app_on_an_unusable_history_chats_and_says_so(
-    terminals: Any, server_factory: Factory, state: str
+    terminals: TerminalSession, server_factory: Factory, state: str
 ) -> None:
     import asyncio
 

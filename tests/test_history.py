@@ -434,7 +434,7 @@ async def test_system_prompt_and_the_messages_to_resume_with(store: HistoryStore
 async def _sample(store: HistoryStore) -> int:
     conv = await store.new_conversation(title="Pools", system_prompt="Be brief.")
     await store.add_user_message(conv, "what is a pool?")
-    local = {"provider": "local", "model": "llmchat-local", "mode": "stream"}
+    local: dict[str, Any] = {"provider": "local", "model": "llmchat-local", "mode": "stream"}
     done = store.reply_writer(await store.start_reply(conv, **local))
     done.append("A set of open connections.")
     await done.finish(status="done", record=RECORD)

@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from history_files import damage_while_open, file_state, make_history, overwrite_pages, read_only
@@ -20,11 +21,13 @@ from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.widgets.chat import ChatMessage, PromptInput
 from llmchat.tui.widgets.chat._lines import text_of
 
+Factory = Callable[..., RunningServer]
 
-def _app(server: RunningServer, tmp_path: Path, db: Path, **kw: object) -> ChatApp:
+
+def _app(server: RunningServer, tmp_path: Path, db: Path, **kw: Any) -> ChatApp:
     settings = _settings(tmp_path)
     client = ChatClient(settings, base_url=server.base_url, model=MODEL, http2="h2c")
-    return make_app(settings=settings, client=client, store=HistoryStore(db), **kw)  # type: ignore[arg-type]
+    return make_app(settings=settings, client=client, store=HistoryStore(db), **kw)
 
 
 def _history_notes(app: ChatApp) -> list[str]:
@@ -157,7 +160,7 @@ async def test_damage_found_mid_session_is_one_notification_and_the_chat_goes_on
     assert not app.return_code  # None (the test closed it) or 0; a crash is 1
 
 
-async def test_quitting_mid_stream_keeps_the_reply_marked_interrupted(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_quitting_mid_stream_keeps_the_reply_marked_interrupted(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(tokens_per_s=40)
     db = tmp_path / "history.sqlite3"
     app = _app(server, tmp_path, db)

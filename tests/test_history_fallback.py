@@ -49,7 +49,8 @@ def db(tmp_path: Path) -> Path:
 async def _opened(db: Path | None) -> tuple[HistoryStore, list[str]]:
     """A store opened as the chat app opens it; ``None``: at llmchat's own path, whose folder it keeps
     private."""
-    store, changes = HistoryStore(db), []
+    store = HistoryStore(db)
+    changes: list[str] = []
     await store.open(fallback=True, on_change=lambda: changes.append(store.state))
     return store, changes
 
@@ -199,7 +200,8 @@ async def test_damage_found_mid_session_falls_back_to_an_empty_history(db: Path)
     await make_history(db, conversations=12)
     store, changes = await _opened(db)
     try:
-        assert store.state == "ok"
+        before = store.state  # read apart: mypy would keep ``store.state`` narrowed to "ok" past the damage
+        assert before == "ok"
         damage_while_open(db)
         conv = await store.new_conversation(title="after the damage")
         assert store.state == "in-memory" and "is damaged" in store.problem and "mv " in store.problem
@@ -264,7 +266,7 @@ async def test_exports_mark_every_reply_that_did_not_finish(tmp_path: Path) -> N
         for status in ("interrupted", "cancelled", "error", "done"):
             writer = store.reply_writer(await store.start_reply(conv, provider="p", model="m", mode="stream"))
             writer.append(f"{status} text")
-            await writer.finish(status=status, error="cut" if status == "error" else None,  # type: ignore[arg-type]
+            await writer.finish(status=status, error="cut" if status == "error" else None,
                                 record={"model": "m", "total_ms": 5.0})
         await store.start_reply(conv, provider="p", model="m", mode="stream")  # a process killed right here
         loaded = await store.load(conv)

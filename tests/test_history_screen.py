@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
 
 from llmchat.core.history._store import HistoryStore
+from llmchat.tui.app import ChatApp
 from llmchat.tui.screens.history import HistoryScreen, when
 
 WAIT_S = 5.0
@@ -21,6 +23,9 @@ WAIT_S = 5.0
 
 class HistoryApp(App[None]):
     """Pushes the screen at start and keeps what it dismissed with, posted and notified."""
+
+    # The screen's look and its modes (the rename and confirm rows) live in the app's one stylesheet.
+    CSS_PATH = Path(inspect.getfile(ChatApp)).with_name("app.tcss")
 
     def __init__(self, store: HistoryStore, **screen_kw: Any) -> None:
         super().__init__()
@@ -43,7 +48,7 @@ class HistoryApp(App[None]):
     def on_history_screen_deleted(self, event: HistoryScreen.Deleted) -> None:
         self.posted.append(("deleted", event.conversation_id, ""))
 
-    def notify(self, message: Any, **kw: Any) -> None:  # type: ignore[override]
+    def notify(self, message: Any, **kw: Any) -> None:
         self.notes.append(str(message))
         super().notify(message, **kw)
 

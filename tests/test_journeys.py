@@ -95,7 +95,8 @@ def stored(path: Path) -> list[Stored]:
     with closing(sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, timeout=5)) as db:
         rows = db.execute("SELECT conversation_id, role, content, status, mode, provider, record "
                           "FROM messages ORDER BY id").fetchall()
-    return [Stored(*row[:6], json.loads(row[6]) if row[6] else None) for row in rows]
+    return [Stored(conv, role, content, status, mode, provider, json.loads(record) if record else None)
+            for conv, role, content, status, mode, provider, record in rows]
 
 
 def prompts(path: Path) -> list[str]:

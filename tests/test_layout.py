@@ -1,12 +1,16 @@
-"""The project's shape: what CI runs, what the packages export, which layer imports what."""
+"""The project's shape: what CI runs, the command line, who imports httpx (test_surface.py: the public surface
+and the import contract)."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import llmchat.core
 from llmchat.tui.cli import build_parser, main
@@ -33,22 +37,21 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert test_command in ci.splitlines(), "the .ci/run test line must be README's test command, verbatim"
 
 
-def test_public_surface_is_exactly_all() -> None:
-    # `annotations` is the __future__ feature object, not an export.
-    public = {n for n in dir(llmchat.core) if not n.startswith("_") and n != "annotations"} | {"__version__"}
-    modules = {n for n in public if type(getattr(llmchat.core, n)).__name__ == "module"}
-    assert set(llmchat.core.__all__) == public - modules
-    assert len(llmchat.core.__all__) == len(set(llmchat.core.__all__))
+def test_ci_runs_the_static_checks_before_the_tests() -> None:
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "scripts/check" in lines, ".ci/run must run scripts/check on a line of its own"
+    assert lines.index("scripts/check") < lines.index(_readme_commands()[1]), "the checks run before the tests"
+    assert os.access(ROOT / "scripts" / "check", os.X_OK), "scripts/check must be executable"
 
 
-def test_help_lists_every_subcommand(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     help_text = parser.format_help()
     for name in ("chat", "ask", "serve", "bench", "proxy", "batch", "config", "cache", "export"):
         assert re.search(rf"^\s+{name}\s", help_text, re.M), name
 
 
-def test_version(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     try:
         main(["--version"])
     except SystemExit as exc:
@@ -68,13 +71,6 @@ def _imports(folder: Path) -> dict[str, set[str]]:
                 names.add(node.module.split(".")[0])
         found[str(path.relative_to(ROOT))] = names
     return found
-
-
-def test_core_never_imports_textual_and_tui_never_imports_httpx() -> None:
-    for path, names in _imports(ROOT / "core").items():
-        assert "textual" not in names, path
-    for path, names in _imports(ROOT / "tui").items():
-        assert "httpx" not in names and "httpcore" not in names, path
 
 
 def test_only_the_transport_imports_httpx() -> None:
@@ -112,4 +108,21 @@ def test_the_local_server_has_an_entry_point_of_its_own() -> None:
     assert done.returncode == 0 and "--profile" in done.stdout and "--cold-start-ms" in done.stdout
     with start_subprocess(["--profile", "instant"]) as server:
         # The engine starts the engine, never the face.
-        assert server.process.args[1:3] == ["-m", "llmchat.core.server"]
+        assert isinstance(server.process.args, list) and server.process.args[1:3] == ["-m", "llmchat.core.server"]
+
+
+def test_default_css_only_on_the_widgets_meant_for_reuse() -> None:
+    # The app's look is in tui/app.tcss, its one stylesheet. The widgets under tui/widgets/ are mounted on their
+    # own too (the snapshot tests, benchmarks/render.py), so they carry the CSS they need; nothing else does.
+    found = []
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        if path.is_relative_to(ROOT / "tui" / "widgets"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    targets = item.targets if isinstance(item, ast.Assign) else (
+                        [item.target] if isinstance(item, ast.AnnAssign) else [])
+                    if any(isinstance(t, ast.Name) and t.id == "DEFAULT_CSS" for t in targets):
+                        found.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert found == [], "move this CSS into tui/app.tcss: " + ", ".join(found)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -136,7 +137,7 @@ def test_errors_by_kind_and_cancels_apart() -> None:
 def test_cache_hits_and_misses_count_real_lookups_only() -> None:
     m = Metrics()
     assert m.hit_ratio is None
-    looked = {"cache_lookup": True}
+    looked: dict[str, Any] = {"cache_lookup": True}
     m.observe_many([record(cache_hit=True, **looked), record(**looked), record(**looked),
                     record(cache_hit=True, **looked), record(cancelled=True, error_kind="cancelled")])
     assert (m.cache_hits, m.cache_misses) == (2, 2)  # a cancel that never looked is neither
@@ -300,7 +301,7 @@ def test_the_running_request_and_its_planned_retry() -> None:
 def test_cost_from_the_servers_usage() -> None:
     m = Metrics(prices={"gpt-4o-mini": Price(0.15, 0.6)})
     assert m.cost_total is None
-    priced = {"model": "gpt-4o-mini", "usage_from_server": True}
+    priced: dict[str, Any] = {"model": "gpt-4o-mini", "usage_from_server": True}
     m.observe_many([record(prompt_tokens=1000, output_tokens=500, **priced)])
     assert m.cost_last == pytest.approx((1000 * 0.15 + 500 * 0.6) / 1e6)
     m.observe_many([record(prompt_tokens=2_000_000, output_tokens=0, **priced)])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import peers as P
@@ -62,7 +63,7 @@ def _settings(tmp_path: Path, **retry: int) -> Settings:
     return Settings(cache=CacheSettings(path=str(tmp_path / "cache")), retry=RetrySettings(**retry))
 
 
-async def _drain(client: ChatClient, **params: object) -> TimingRecord:
+async def _drain(client: ChatClient, **params: Any) -> TimingRecord:
     stream = client.stream([{"role": "user", "content": "metrics"}], **params)
     async for _ in stream:
         pass

@@ -170,8 +170,7 @@ def _help(command: str) -> str:
     parser = build_parser()
     if not command:
         return parser.format_help()
-    sub = next(a for a in parser._actions if isinstance(a.choices, dict) and command in a.choices)  # noqa: SLF001
-    return sub.choices[command].format_help()  # type: ignore[index,union-attr]
+    return parser.commands[command].format_help()
 
 
 def test_every_flag_of_the_command_table_is_the_commands() -> None:

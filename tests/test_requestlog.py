@@ -34,10 +34,10 @@ PROMPT = "A secret prompt about otters"
 WAIT_S = 10.0
 
 
-def _settings(tmp_path: Path, **log: object) -> Settings:
+def _settings(tmp_path: Path, **log: Any) -> Settings:
     return Settings(
         cache=CacheSettings(path=str(tmp_path / "cache")),
-        log=LogSettings(requests_path=str(tmp_path / "logs" / "requests.jsonl"), **log),  # type: ignore[arg-type]
+        log=LogSettings(requests_path=str(tmp_path / "logs" / "requests.jsonl"), **log),
         retry=RetrySettings(max_attempts=1),
     )
 

@@ -15,11 +15,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from processes import reap
 
-from llmchat.core import CacheSettings, ChatClient, HttpSettings, Settings, StreamCutError
+from llmchat.core import CacheSettings, ChatClient, Http2Mode, HttpSettings, Settings, StreamCutError
 from llmchat.core.errors import UsageError
 from llmchat.core.server import RunningServer, start_subprocess
 from llmchat.core.server._proxy import DelayProxy, Target
@@ -31,11 +32,11 @@ WAIT_S = 10.0  # every wait in this file is bounded by this
 PROMPT = [{"role": "user", "content": "Tell me about round trips."}]
 
 
-def _settings(tmp_path: Path, **http: object) -> Settings:
-    return Settings(cache=CacheSettings(path=str(tmp_path / "cache")), http=HttpSettings(**http))  # type: ignore[arg-type]
+def _settings(tmp_path: Path, **http: Any) -> Settings:
+    return Settings(cache=CacheSettings(path=str(tmp_path / "cache")), http=HttpSettings(**http))
 
 
-async def _stream(client: ChatClient, **params: object) -> tuple[str, float, float, bool]:
+async def _stream(client: ChatClient, **params: Any) -> tuple[str, float, float, bool]:
     """One streamed reply: its text, TTFB, total and whether the connection was reused."""
     stream = client.stream(PROMPT, **params)
     async for _ in stream:
@@ -50,7 +51,7 @@ async def _stream(client: ChatClient, **params: object) -> tuple[str, float, flo
 
 @pytest.mark.parametrize("http2", ["h2c", False], ids=["h2c", "http1"])
 async def test_a_new_connection_costs_two_round_trips_and_a_reused_one_one(
-    server_factory: Callable[..., RunningServer], tmp_path: Path, http2: str | bool
+    server_factory: Callable[..., RunningServer], tmp_path: Path, http2: Http2Mode
 ) -> None:
     server = server_factory(profile="instant", rtt_ms=RTT_MS)
     async with ChatClient(_settings(tmp_path), base_url=server.base_url, http2=http2, model=MODEL,

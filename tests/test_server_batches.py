@@ -54,7 +54,8 @@ def upload(client: httpx.Client, lines: list[Any], purpose: str = "batch") -> di
         "/files", data={"purpose": purpose}, files={"file": ("in.jsonl", data, "application/jsonl")}
     )
     assert resp.status_code == 200, resp.text
-    return resp.json()
+    body: dict[str, Any] = resp.json()
+    return body
 
 
 def create(client: httpx.Client, file_id: str, **extra: Any) -> dict[str, Any]:
@@ -68,13 +69,14 @@ def create(client: httpx.Client, file_id: str, **extra: Any) -> dict[str, Any]:
         },
     )
     assert resp.status_code == 200, resp.text
-    return resp.json()
+    body: dict[str, Any] = resp.json()
+    return body
 
 
 def wait_for(client: httpx.Client, batch_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
     deadline = time.monotonic() + BOUND_S
     while True:
-        batch = client.get(f"/batches/{batch_id}").json()
+        batch: dict[str, Any] = client.get(f"/batches/{batch_id}").json()
         if batch["status"] in statuses:
             return batch
         assert time.monotonic() < deadline, f"batch still {batch['status']} after {BOUND_S} s"

@@ -51,7 +51,9 @@ def content_of(chunks: list[Any]) -> str:
 
 
 @pytest.fixture(params=["http1", "h2c", "h2"])
-def any_protocol(request: pytest.FixtureRequest, local_server: RunningServer, tls_server: RunningServer):
+def any_protocol(
+    request: pytest.FixtureRequest, local_server: RunningServer, tls_server: RunningServer
+) -> tuple[RunningServer, str]:
     """Each of the three ways to talk to the server: (server, protocol)."""
     return (tls_server if request.param == "h2" else local_server), request.param
 

@@ -170,7 +170,7 @@ CASES = [
     *(
         Case(
             f"dns-words-{n}",
-            lambda text=text: httpcore.ConnectError(text),
+            lambda text=text: httpcore.ConnectError(text),  # type: ignore[misc]
             "send",
             errors.ConnectError,
         "cannot resolve host 127.0.0.1 (DNS lookup failed); check the spelling of base_url "

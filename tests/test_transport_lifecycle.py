@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -68,15 +69,17 @@ def test_the_private_names_the_transport_relies_on_are_still_there() -> None:
     # the override, or h2 closes its state machine on a GOAWAY again.
     state = T._GracefulH2State(config=h2.config.H2Configuration(client_side=True))
     has(state, "_frame_dispatch_table", "streams")
-    assert state._frame_dispatch_table[GoAwayFrame].__func__ is T._GracefulH2State._receive_goaway_frame
+    entry = state._frame_dispatch_table[GoAwayFrame]
+    assert isinstance(entry, types.MethodType) and entry.__func__ is T._GracefulH2State._receive_goaway_frame
 
 
 async def _pool_of(client: ChatClient) -> list[Any]:
     transport = client.transport
     connections: list[Any] = []
-    for c in transport._clients:
+    for c in transport._clients:  # type: ignore[attr-defined]  # the httpx-backed Transport's own
         if c is not None:
-            connections += c._transport._pool.connections
+            inner: Any = c._transport  # httpx's transport (typed as the base class): its httpcore pool
+            connections += inner._pool.connections
     return [c._connection for c in connections]
 
 

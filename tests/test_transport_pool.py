@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,7 @@ MSG = [{"role": "user", "content": "pool me"}]
 MODEL = "llmchat-local"
 
 
-
-def _client(server: RunningServer, **http: object) -> ChatClient:
+def _client(server: RunningServer, **http: Any) -> ChatClient:
     settings = replace(Settings(), http=replace(HttpSettings(http2=False, warmup=False), **http))
     return ChatClient(settings, base_url=server.base_url, model=MODEL, use_cache=False,
                       retry=RetrySettings(max_attempts=1))

@@ -140,7 +140,7 @@ async def test_clients_of_one_pools_share_a_transport_that_closes_with_the_last(
     own = pools.open(first.endpoint)  # nobody else's, closed with the pools
     assert own is not made[0]
     await pools.aclose()
-    assert own.closed  # type: ignore[attr-defined]
+    assert own.closed
 
 
 async def test_clients_given_no_pools_share_nothing() -> None:

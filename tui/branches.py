@@ -14,9 +14,31 @@ from llmchat.tui.screens.search import SearchScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
 
 if TYPE_CHECKING:
-    from llmchat.tui.app import ChatApp
+    from textual.app import App
 
-    _Base = ChatApp
+    from llmchat.core import ChatClient
+    from llmchat.core.history import Conversation as SavedConversation
+    from llmchat.core.history import HistoryStore
+
+    class _Base(App[None]):
+        """What these actions use of ChatApp (which mixes them in: it cannot be their base here)."""
+
+        client: ChatClient
+        store: HistoryStore
+        history: list[dict[str, str]]
+        conversation_id: int | None
+        stream_mode: bool
+        _last_reply: ChatMessage | None
+
+        @property
+        def replying(self) -> bool: ...
+        def _say_reply_coming(self) -> None: ...
+        def _hold_prompt(self) -> None: ...
+        async def _show(self, conv: SavedConversation) -> None: ...
+        def _reply(self, prompt: str, reply: ChatMessage, stream: bool,
+                   alternative_to: ChatMessage | None = None) -> Any: ...  # a @work method: its Worker
+        async def _load_conversation(self, conv_id: int, *, at_start: bool = False,
+                                     at_message: int | None = None) -> None: ...
 else:
     _Base = object
 

@@ -19,7 +19,7 @@ from llmchat.core.errors import LLMChatError
 from llmchat.tui.commands import COMMANDS, _options
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _options.Parser:
     """The whole parser; tests build it to check every subcommand is listed. Parse with ``parse_args``."""
     parser = _options.Parser(
         prog="llmchat",

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -475,7 +475,7 @@ class ChatStream:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self) -> AsyncIterator[str]:
+    async def _run(self) -> AsyncGenerator[str, None]:
         client, record = self._client, self.record
         bus = client.bus
         try:
@@ -523,7 +523,8 @@ class ChatStream:
                 for piece in replay_chunks(str(hit.get("text", ""))):
                     self._on_content(piece, time.perf_counter_ns())
                     yield piece
-                record.finish_reason = self.finish_reason = hit.get("finish_reason")
+                reason = hit.get("finish_reason")
+                record.finish_reason = self.finish_reason = reason if isinstance(reason, str) else None
                 usage = hit.get("usage")
                 _apply_usage(record, usage if isinstance(usage, dict) else None, fallback_tokens=0)
                 return
@@ -553,8 +554,8 @@ class ChatStream:
             ctype = resp.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
                 # Some servers ignore stream=true and send the whole reply; a proxy may send HTML.
-                data = await resp.aread()
-                reply = wire.parse_reply(data, status=resp.status, content_type=ctype,
+                whole = await resp.aread()
+                reply = wire.parse_reply(whole, status=resp.status, content_type=ctype,
                                          where=client.endpoint.hostport)
                 now = time.perf_counter_ns()
                 if reply.content:

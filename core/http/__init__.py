@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from llmchat.core.http._interface import Endpoint, HTTPResponse, HTTPTransport
 from llmchat.core.http._mock import MockRequest, MockResponse, MockTransport
+from llmchat.core.http._openai import parse_chunk, parse_reply
 from llmchat.core.http._pools import Pools
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
 from llmchat.core.http._transport import Transport, WireResponse
@@ -23,4 +24,6 @@ __all__ = [
     "ServerSentEvent",
     "Transport",
     "WireResponse",
+    "parse_chunk",
+    "parse_reply",
 ]

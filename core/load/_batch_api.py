@@ -75,7 +75,8 @@ class BatchStatus:
                 f"{where} answered with something that is not a batch object; check that "
                 "base_url is an OpenAI-compatible API with the Batch API"
             )
-        counts = obj.get("request_counts") if isinstance(obj.get("request_counts"), Mapping) else {}
+        raw_counts = obj.get("request_counts")
+        counts: Mapping[str, Any] = raw_counts if isinstance(raw_counts, Mapping) else {}
         listed = obj.get("errors")
         data = listed.get("data") if isinstance(listed, Mapping) else None
         status = obj["status"]
@@ -197,7 +198,7 @@ class BatchAPI:
     async def create(
         self, file_id: str, window: str, metadata: Mapping[str, str] | None = None
     ) -> BatchStatus:
-        body = {"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": window}
+        body: dict[str, Any] = {"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": window}
         if metadata:
             body["metadata"] = dict(metadata)
         obj = await self._call(
@@ -399,9 +400,9 @@ async def run_batch_api(
     sent = [str(i) for i in state["ids"]]
     outcome = BatchOutcome(status, resumed=resumed)
     results: dict[str, dict[str, Any]] = {}
-    for file_id in (status.output_file_id, status.error_file_id):
-        if file_id:
-            data = await _resume_call(api.content(file_id), status.id, path, downloading=True)
+    for result_file in (status.output_file_id, status.error_file_id):
+        if result_file:
+            data = await _resume_call(api.content(result_file), status.id, path, downloading=True)
             results.update(_results(data, status.id, api.where))
     wanted = {j.id for j in jobs}
     written: set[str] = set()
@@ -511,7 +512,8 @@ def _result_line(job_id: str, obj: Mapping[str, Any], batch_id: str, where: str)
         )
         line.update({"reply": None, "error": str(error)})
     else:
-        err = obj.get("error") if isinstance(obj.get("error"), Mapping) else {}
+        raw_err = obj.get("error")
+        err: Mapping[str, Any] = raw_err if isinstance(raw_err, Mapping) else {}
         code = str(err.get("code") or "error")
         message = " ".join(str(err.get("message") or "no detail").split())
         if code == "batch_expired":

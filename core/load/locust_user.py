@@ -39,8 +39,8 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
-import gevent  # type: ignore[import-untyped]
-from gevent.event import AsyncResult  # type: ignore[import-untyped]
+import gevent
+from gevent.event import AsyncResult
 from locust import User, events, task
 
 from llmchat.core.client import ChatClient

@@ -42,4 +42,4 @@ class ChatUser(LLMChatUser):
     model = os.environ.get("LLMCHAT_MODEL") or None
     max_tokens = int(os.environ.get("LLMCHAT_MAX_TOKENS", "200"))
     long_ratio = float(os.environ.get("LLMCHAT_LONG_RATIO", "0"))
-    http2 = os.environ.get("LLMCHAT_HTTP2") or None
+    http2 = "h2c" if os.environ.get("LLMCHAT_HTTP2") == "h2c" else None

@@ -22,7 +22,7 @@ import stat
 import sys
 import unicodedata
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,7 +227,7 @@ class ReplyCache:
     # ----- keys and policy (pure) -----
 
     @staticmethod
-    def chat_key(*, base_url: str, model: str, messages: list[dict[str, object]],
+    def chat_key(*, base_url: str, model: str, messages: Sequence[Mapping[str, object]],
                  params: Mapping[str, object]) -> str:
         """The cache key of a chat request: sha256 hex of canonical JSON of what decides its answer.
 

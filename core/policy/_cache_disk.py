@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import diskcache  # type: ignore[import-untyped]
-from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN  # type: ignore[import-untyped]
+import diskcache
+from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
 
 #: diskcache's "could not take the write lock within the timeout".
 LockTimeout: type[Exception] = diskcache.Timeout

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     check_face_settings(settings)  # one line and exit 2 now, before a server starts or the screen opens
     if args.metrics_port is not None:
-        from llmchat.core.observe._prometheus import load_prometheus_client
+        from llmchat.core.observe import load_prometheus_client
 
         load_prometheus_client()  # a missing extra is one line now, not a crash inside the running app
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):

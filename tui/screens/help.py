@@ -32,27 +32,6 @@ class HelpScreen(ModalScreen[None]):
     defaults.
     """
 
-    DEFAULT_CSS = """
-    HelpScreen {
-        align: center middle;
-    }
-    HelpScreen > #help-dialog {
-        width: 90%;
-        max-width: 116;
-        height: 90%;
-        border: round $primary;
-        background: $surface;
-        padding: 0 1;
-    }
-    HelpScreen #help-note {
-        color: $text-muted;
-        margin-bottom: 1;
-    }
-    HelpScreen #help-table {
-        height: 1fr;
-    }
-    """
-
     BINDINGS: ClassVar[list[BindingType]] = [binding("help.close", "close")]
 
     def __init__(self, keys: Mapping[str, str] | None = None) -> None:

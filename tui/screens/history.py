@@ -45,29 +45,6 @@ class HistoryScreen(ModalScreen[int | None]):
     them; ``history.open`` is the app's key that opens this screen.
     """
 
-    DEFAULT_CSS = """
-    HistoryScreen {
-        align: center middle;
-    }
-    HistoryScreen > #history-dialog {
-        width: 90%;
-        max-width: 120;
-        height: 80%;
-        border: round $primary;
-        background: $surface;
-        padding: 0 1;
-    }
-    HistoryScreen #history-table {
-        height: 1fr;
-    }
-    HistoryScreen #history-rename, HistoryScreen #history-confirm {
-        display: none;
-    }
-    HistoryScreen.-rename #history-rename, HistoryScreen.-confirm #history-confirm {
-        display: block;
-    }
-    """
-
     BINDINGS: ClassVar[list[BindingType]] = [
         # Priority, so the footer shows it over the table's own hidden Enter; hidden outside the list, the key
         # then falls through to the rename Input.

@@ -44,26 +44,6 @@ class SearchScreen(ModalScreen[tuple[int, int] | None]):
     """A modal search over every message (``search.open`` opens it; ``search.hit`` and
     ``search.close`` are its own keys)."""
 
-    DEFAULT_CSS = """
-    SearchScreen {
-        align: center middle;
-    }
-    SearchScreen > #search-dialog {
-        width: 90%;
-        max-width: 120;
-        height: 80%;
-        border: round $primary;
-        background: $surface;
-        padding: 0 1;
-    }
-    SearchScreen #search-hits {
-        height: 1fr;
-    }
-    SearchScreen #search-status {
-        color: $text-muted;
-    }
-    """
-
     BINDINGS: ClassVar[list[BindingType]] = [
         # Priority: Enter in the Input would only submit it; here it opens the highlighted hit.
         binding("search.hit", "open", priority=True),

@@ -20,16 +20,6 @@ class SystemPromptScreen(ModalScreen[str | None]):
     lines and spaces trimmed; "" clears it) or None when cancelled. ``save_keys`` and ``cancel_keys`` are the
     keys in effect, for the hint line ([keymap] may have moved them)."""
 
-    DEFAULT_CSS = """
-    SystemPromptScreen { align: center middle; }
-    SystemPromptScreen > Vertical {
-        width: 80%; max-width: 110; height: auto; border: round $accent; padding: 1 2; background: $panel;
-    }
-    SystemPromptScreen #hint { color: $text-muted; margin-bottom: 1; }
-    SystemPromptScreen TextArea { height: 12; }
-    SystemPromptScreen Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
-    SystemPromptScreen Button { margin-left: 2; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [
         binding("system.save", "save"),
         binding("system.cancel", "cancel"),

@@ -22,14 +22,6 @@ class TextInputScreen(ModalScreen[str | None]):
     muted line under the title (what the value does, what empty means).
     """
 
-    DEFAULT_CSS = """
-    TextInputScreen { align: center middle; }
-    TextInputScreen > Vertical {
-        width: 70%; height: auto; border: round $accent; padding: 1 2; background: $panel;
-    }
-    TextInputScreen #hint { color: $text-muted; }
-    TextInputScreen #problem { color: $text-error; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [binding("input.cancel", "cancel")]
 
     def __init__(self, title: str, value: str = "", *, hint: str = "",

@@ -9,9 +9,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 # Pygments ships no type hints and its stubs are not installed.
-from pygments.lexer import Lexer  # type: ignore[import-untyped]
-from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]
-from pygments.util import ClassNotFound  # type: ignore[import-untyped]
+from pygments.lexer import Lexer
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
 from rich.cells import cell_len, get_character_cell_size
 from rich.segment import Segment
 from rich.style import Style

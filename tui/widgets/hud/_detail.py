@@ -34,7 +34,7 @@ def plot(name: Series, values: list[float], width: int, height: int) -> str:
     least 20 x 6)."""
     # Imported here: plotext takes tens of milliseconds to import, and the app should not wait for a view
     # that may never open. No stubs or py.typed.
-    import plotext  # type: ignore[import-untyped]
+    import plotext
 
     n = len(values)
     yticks = nice_ticks(0.0, max(values), max(2, min(6, height // 3)))
