@@ -125,6 +125,7 @@ RULES: dict[str, Rule] = {
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,
+    "server.reasoning_tokens": _NON_NEGATIVE_INT,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

@@ -5,12 +5,14 @@ decoder and OpenAI's request and reply shapes.
 from __future__ import annotations
 
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
+from llmchat.core.http._toolcalls import ToolCall
 from llmchat.core.http._transport import Endpoint, Transport, WireResponse
 
 __all__ = [
     "Endpoint",
     "SSEDecoder",
     "ServerSentEvent",
+    "ToolCall",
     "Transport",
     "WireResponse",
 ]
