@@ -14,6 +14,7 @@ from llmchat.core.history._model import (
     Origin,
     export_markdown,
     export_records_json,
+    pretty_arguments,
 )
 from llmchat.core.history._store import HistoryStore, ReplyWriter
 
@@ -30,6 +31,7 @@ __all__ = [
     "export_folder",
     "export_markdown",
     "export_records_json",
+    "pretty_arguments",
     "save_export",
     "write_private",
 ]

@@ -120,6 +120,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE conversations ADD COLUMN seed INTEGER",
         "ALTER TABLE conversations ADD COLUMN max_tokens INTEGER",
     ),
+    # A reasoning model's thinking, kept apart from the answer (never sent back to the model), and the tool
+    # calls a reply asked for, as OpenAI's JSON list (NULL: none). Older replies had neither.
+    (
+        "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE messages ADD COLUMN tool_calls TEXT",
+    ),
 ]
 
 
@@ -385,7 +391,8 @@ class Database:
                 raise self.not_found(conv_id)
             rows = self.conn.execute(
                 "SELECT id, conversation_id, role, content, status, error, provider, model, mode, record,"
-                " created_at FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,)).fetchall()
+                " created_at, reasoning, tool_calls FROM messages WHERE conversation_id = ? ORDER BY id",
+                (conv_id,)).fetchall()
         return Conversation(info=_info(row[:7]), system_prompt=str(row[7]),
                             messages=[_message(r) for r in rows], origin=_origin(row[8]),
                             base_url=str(row[9]), generation=_generation(row[10:13]))
@@ -420,21 +427,21 @@ class Database:
                 (conv_id, provider, model, mode, now))
             return int(cast(int, cur.lastrowid))
 
-    def save_reply_text(self, msg_id: int, text: str) -> None:
+    def save_reply_text(self, msg_id: int, text: str, reasoning: str = "") -> None:
         # No row (the user deleted the conversation mid-reply) is not an error: there is nothing to keep.
-        self.conn.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'streaming'",
-                          (text, msg_id))
+        self.conn.execute("UPDATE messages SET content = ?, reasoning = ? WHERE id = ? AND status = 'streaming'",
+                          (text, reasoning, msg_id))
 
     def finish_reply(self, msg_id: int, text: str, status: Status, error: str | None,
-                     record: str | None) -> None:
+                     record: str | None, reasoning: str = "", tool_calls: str | None = None) -> None:
         now = time.time()
         with _transaction(self.conn):
             row = self.conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (msg_id,)).fetchone()
             if row is None:
                 return
             self.conn.execute(
-                "UPDATE messages SET content = ?, status = ?, error = ?, record = ? WHERE id = ?",
-                (text, status, error, record, msg_id))
+                "UPDATE messages SET content = ?, status = ?, error = ?, record = ?, reasoning = ?,"
+                " tool_calls = ? WHERE id = ?", (text, status, error, record, reasoning, tool_calls, msg_id))
             self._touch(int(row[0]), now)
 
 
@@ -499,7 +506,18 @@ def _record(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _tool_calls(text: object) -> list[dict[str, Any]]:
+    if not isinstance(text, str):
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []  # a hand-edited list must not make the conversation unreadable
+    return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
 def _message(row: tuple[Any, ...]) -> Message:
     return Message(id=int(row[0]), conversation_id=int(row[1]), role=row[2], content=str(row[3]),
                    status=row[4], error=row[5], provider=str(row[6]), model=str(row[7]), mode=str(row[8]),
-                   record=_record(row[9]), created_at=float(row[10]))
+                   record=_record(row[9]), created_at=float(row[10]), reasoning=str(row[11] or ""),
+                   tool_calls=_tool_calls(row[12]))
