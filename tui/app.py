@@ -61,7 +61,16 @@ from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.screenshot import TITLE as SCREENSHOT
 from llmchat.tui.screenshot import save_screenshot, screenshot_folders
-from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
+from llmchat.tui.widgets.chat import (
+    ChatMessage,
+    Conversation,
+    PromptInput,
+    ReplyExtras,
+    Status,
+    ThinkingBlock,
+    UserMessage,
+    history_widgets,
+)
 from llmchat.tui.widgets.hud import Hud
 
 NARROW = 100  # columns under which the HUD folds away by itself
@@ -90,6 +99,8 @@ def reply_note(summary: dict[str, Any] | None) -> str:
         return " · ".join(p for p in parts if p)
     if summary.get("http_version"):
         parts.append(str(summary["http_version"]))
+    if summary.get("mode") == "stream" and summary.get("thinking_ms") is not None:
+        parts.append(f"thought {summary['thinking_ms']:.0f} ms")
     if summary.get("mode") == "stream" and summary.get("ttft_ms") is not None:
         parts.append(f"TTFT {summary['ttft_ms']:.0f} ms")
     if summary.get("total_ms") is not None:
@@ -130,6 +141,7 @@ class ChatApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         binding("mode.toggle", "toggle_mode"),
         binding("reply.cancel", "cancel_reply"),
+        binding("reply.thinking", "toggle_thinking"),
         binding("hud.toggle", "toggle_hud"),
         binding("hud.charts", "hud_detail"),
         binding("copy.reply", "copy_reply"),
@@ -377,6 +389,16 @@ class ChatApp(App[None]):
         # closes), and app bindings do not reach into a modal.
         if self.replying:
             self.workers.cancel_group(self, "reply")
+
+    def action_toggle_thinking(self) -> None:
+        blocks = self.query_one(Conversation).query(ThinkingBlock)
+        if not blocks:
+            self.notify("no reply here has thinking to show", timeout=3)
+            return
+        blocks.last().toggle()
+
+    def _thinking_key(self) -> str:
+        return key_label(self.keys_in_effect["reply.thinking"]).split(" / ")[0]
 
     def action_copy_reply(self) -> None:
         if self._last_reply is None or not self._last_reply.text:
@@ -628,7 +650,7 @@ class ChatApp(App[None]):
         self.history = [m for m in conv.messages_for_api() if m["role"] != "system"]
         view = self.query_one(Conversation)
         await view.clear()
-        widgets: list[UserMessage | ChatMessage] = []
+        widgets: list[Widget] = []
         for msg in conv.messages:
             if msg.role == "user":
                 widgets.append(UserMessage(msg.content))
@@ -642,10 +664,13 @@ class ChatApp(App[None]):
                 if msg.status in ("interrupted", "streaming"):
                     cut = "interrupted: the reply was cut off"
                     status, note = "cancelled", f"{cut} · {note}" if note else cut
-                widgets.append(ChatMessage(msg.content, status=status, note=note))
+                thinking, cards = history_widgets(
+                    msg.reasoning, (msg.record or {}).get("thinking_ms"), msg.tool_calls,
+                    keep_open=self.settings.ui.show_thinking, toggle_key=self._thinking_key())
+                widgets += [*thinking, ChatMessage(msg.content, status=status, note=note), *cards]
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
-        replies = [w for w in widgets if isinstance(w, ChatMessage)]
+        replies = [w for w in widgets if isinstance(w, ChatMessage) and not w.ASIDE]
         self._last_reply = replies[-1] if replies else None
         self.sub_title = conv.info.title
 
@@ -707,6 +732,8 @@ class ChatApp(App[None]):
         record: TimingRecord | None = None
         status: Literal["done", "cached", "cancelled", "interrupted", "error"] = "done"
         note, error = "", None
+        extras: ReplyExtras | None = None
+        calls: list[dict[str, Any]] = []
         try:
             try:
                 msg_id = await self.store.start_reply(
@@ -718,18 +745,26 @@ class ChatApp(App[None]):
                 # The prompt is saved; its answer still comes, unsaved, and the user knows.
                 self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
             messages = self._messages()
+            extras = ReplyExtras(reply, writer, keep_open=self.settings.ui.show_thinking,
+                                 toggle_key=self._thinking_key())
             if stream:
                 chat = client.stream(messages, **params)
+                chat.on_reasoning = extras.reasoning
                 record = chat.record
                 async for piece in chat:
+                    if extras.thinking:
+                        extras.answer_started(record.thinking_ms)
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
                         writer.append(piece)
+                calls = [c.to_dict() for c in chat.tool_calls]
                 # A hit here is a replayed stream ([cache] replay_streams).
                 status = "cached" if record.cache_hit else "done"
             else:
                 answer = await client.complete(messages, **params)
                 record = answer.record
+                extras.reasoning(answer.reasoning)
+                calls = [c.to_dict() for c in answer.tool_calls]
                 reply.append(answer.text, time.perf_counter_ns())
                 if writer is not None:
                     writer.append(answer.text)
@@ -752,7 +787,10 @@ class ChatApp(App[None]):
             raise
         finally:
             note = error or (reply_note(record.summary()) if record is not None else "")
-            reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
+            shown: Status = "cancelled" if status == "interrupted" else status
+            if extras is not None:
+                extras.finish(record.thinking_ms if record is not None else None, calls, shown)
+            reply.finish(status=shown, note=note)
             partial = reply.text
             if partial:
                 self.history.append({"role": "assistant", "content": partial})
@@ -762,6 +800,7 @@ class ChatApp(App[None]):
                         status="done" if status == "cached" else status,
                         error=error,
                         record=record.summary() if record is not None else None,
+                        tool_calls=calls,
                     )
                 except HistoryError as exc:
                     self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)

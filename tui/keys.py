@@ -43,6 +43,7 @@ REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("help.open", "f1", "Keys", "list every key and what it does", CHAT),
     KeyBinding("mode.toggle", "ctrl+b", "Stream/Batch", "switch between stream and batch mode", CHAT),
     KeyBinding("reply.cancel", "escape", "Cancel", "cancel the reply in flight, keeping what arrived", CHAT),
+    KeyBinding("reply.thinking", "ctrl+t", "Thinking", "show or fold the latest reply's thinking", CHAT),
     KeyBinding("hud.toggle", "f2", "HUD", "show or hide the HUD", CHAT),
     KeyBinding("hud.charts", "f5", "Charts", "open the HUD's latency charts", CHAT),
     # Not ctrl+y / ctrl+k: the prompt (a TextArea) uses those for redo and delete-to-end-of-line.

@@ -3,7 +3,9 @@
 Each row's bar sits where that phase happened between t0 and the end, so the bars tile the request. The
 figures are the standard ones (TTFB and TTFT count from t0, as everywhere in llmchat); the bars of TTFB, TTFT
 and streaming are the stretch in which that milestone was reached: waiting for the server after sending,
-waiting for the first token after the headers, and receiving the rest.
+waiting for the first token after the headers, and receiving the rest. A reply that thought has a ``think`` row
+from its first reasoning token to its first answer token, and its TTFT bar stops where the thinking starts:
+think, then answer.
 
 No target colours here: the charts above say whether the request met its target, with the target beside the
 verdict; a bar's colour would say it again without the reason.
@@ -24,7 +26,7 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 _NAME_W = 8
 _VALUE_W = 9
 #: Header plus one row per phase.
-ROWS = 9
+ROWS = 10
 
 
 class _Row(NamedTuple):
@@ -61,7 +63,10 @@ def _rows(record: TimingRecord) -> list[_Row]:
         _Row("tls", record.tls_ms, p.tls_start_ns, p.tls_end_ns),
         _Row("send", record.send_ms, p.send_start_ns, p.send_end_ns),
         _Row("ttfb", record.ttfb_ms, sent, p.headers_ns),
-        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first),
+        # A reply that thought: the wait for its first token ends in thinking (first reasoning -> answer).
+        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns,
+             first if record.first_reasoning_ns is None else record.first_reasoning_ns),
+        _Row("think", record.thinking_ms if stream else None, record.first_reasoning_ns, record.thinking_end_ns),
         _Row("stream", streaming_ms if stream else None, first, end),
         _Row("total", record.total_ms, record.t0_ns, end),
     ]
