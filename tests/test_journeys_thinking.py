@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from terminal import TerminalSession
 from test_journeys import (
+    HUD_EDGE,
     REPLY_S,
     STEP_S,
     _serve,
@@ -42,6 +43,10 @@ def _chat(screen: str) -> str:
     return "\n".join(chat_column(screen))
 
 
+def _hud(screen: str) -> str:
+    return "\n".join(line.partition(HUD_EDGE)[2] for line in screen.splitlines())
+
+
 def test_the_model_thinks_then_answers_and_the_screen_says_how_long(
     terminals: TerminalSession, thinker: SubprocessServer
 ) -> None:
@@ -53,8 +58,10 @@ def test_the_model_thinks_then_answers_and_the_screen_says_how_long(
     reply = wait_stored(t, terminals.history_path, replies_ended(1), "the reply saved")[1]
     assert reply.record is not None and reply.record["thinking_ms"] > 1000, reply.record
     thought = reply.record["thinking_ms"]
-    screen = t.wait_for(lambda s: f"thought {thought:.0f} ms" in _chat(s) and "think " in s, STEP_S,
-                        what="the note under the reply and the HUD's think row")
+    # The note under the reply, the HUD's waterfall header (clipped to the panel) and its attribution note.
+    screen = t.wait_for(lambda s: f"thought {thought:.0f} ms" in _chat(s) and s.count(f"thought {thought:.0f}")
+                        >= 2 and "to first token" in _hud(s), STEP_S, what="the note and the HUD saying it")
+    assert f"· thought {thought:.0f}" in _hud(screen), t.dump()
     assert f"▸ thought for {thought:.0f} ms · Ctrl+T shows it" in _chat(screen), t.dump()
     assert reply.record["ttft_ms"] == pytest.approx(reply.record["first_reasoning_ms"] + thought, abs=0.01)
     t.press("ctrl+t")

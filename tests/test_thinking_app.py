@@ -15,7 +15,7 @@ from llmchat.core.history import HistoryStore
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, ThinkingBlock, ToolCallCard
-from llmchat.tui.widgets.hud._waterfall import Waterfall
+from llmchat.tui.widgets.hud._waterfall import THINK_STYLE, Waterfall, render_waterfall
 
 MODEL = "llmchat-local"
 
@@ -67,13 +67,16 @@ async def test_thinking_streams_above_the_answer_folds_and_toggles(
         header = block.rendered_text()
         assert header.startswith("▸ thought for ") and "Ctrl+T shows it" in header
         assert len(header.splitlines()) == 1
-        await _until(pilot, lambda: reply.is_final)
+        await _until(pilot, lambda: reply.is_final and app.query_one(Waterfall)._shown is not None)
         record = app.query_one(Waterfall)._shown
         assert record is not None and record.thinking_ms is not None and record.thinking_ms > 1000
         assert "thought " in reply.note and "TTFT" in reply.note
-        # The waterfall: think, then answer.
-        rows = {line.split()[0]: line for line in app.query_one(Waterfall).render().plain.splitlines()[1:]}
-        assert rows["think"].split()[1] == f"{record.thinking_ms:.0f}" and "█" in rows["think"]
+        # The waterfall: think, then answer, in the TTFT row's two colours; the header says how long.
+        drawn = render_waterfall(record, 60)
+        assert f"thought {record.thinking_ms:.0f} ms" in drawn.plain.splitlines()[0]
+        [ttft] = [line for line in drawn.split() if line.plain.startswith("ttft")]
+        accent = "".join(ttft.plain[s.start:s.end] for s in ttft.spans if s.style == THINK_STYLE)
+        assert "█" in accent and len(accent.strip()) >= len(ttft.plain.strip().split()[-1]) // 2
         await pilot.press("ctrl+t")
         assert block.expanded and block.rendered_text().startswith("▾ thought for ")
         assert block.text.strip().split()[0] in block.rendered_text()
@@ -110,7 +113,8 @@ async def test_a_tool_call_reply_shows_a_card_and_comes_back_on_resume(
         await resumed._load_conversation(conv_id)  # type: ignore[arg-type]
         await _until(pilot, lambda: bool(resumed.query(ToolCallCard)) and bool(resumed.query(ThinkingBlock)))
         block = resumed.query_one(ThinkingBlock)
-        assert not block.expanded and block.rendered_text().startswith("▸ thought for ")
+        await _until(pilot, lambda: block.rendered_text().startswith("▸ thought"))  # rendered once laid out
+        assert not block.expanded and len(block.rendered_text().splitlines()) == 1
         assert resumed.query_one(ToolCallCard).function_name == "get_weather"
         assert resumed.query_one(Conversation).last_reply() is resumed._last_reply
 

@@ -74,12 +74,12 @@ class ThinkingBlock(ChatMessage):
     def toggle(self) -> None:
         self.set_expanded(not self._expanded)
 
-    def end(self, thought_ms: float | None, *, keep_open: bool, status: Status = "done") -> None:
+    def end(self, thought_ms: float | None, *, keep_open: bool) -> None:
         """The answer began (or the reply ended): stamp how long the model thought, fold unless
-        ``keep_open``."""
+        ``keep_open``. How the reply ended is the reply's to say, under it, not the thinking's."""
         self._thought_ms = thought_ms
         self._expanded = self._expanded and keep_open
-        self.finish(status=status)
+        self.finish(status="done")
 
     def header(self) -> str:
         """``▾ thinking…`` while it streams; ``▸ thought for 4.2 s · Ctrl+T shows it`` once done."""
@@ -192,8 +192,7 @@ class ReplyExtras:
         self.thinking = False
         if self.block is not None and self.block.status is None:
             # No answer came: the thinking is all there is, so it stays open unless the reply succeeded.
-            self.block.end(thought_ms, keep_open=self.keep_open or status != "done" or not self.reply.text,
-                           status=status)
+            self.block.end(thought_ms, keep_open=self.keep_open or status != "done" or not self.reply.text)
         parent = self.reply.parent
         if calls and parent is not None:
             cards = [ToolCallCard(c) for c in calls]
