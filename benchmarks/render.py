@@ -26,6 +26,9 @@ holds 30 finished messages (questions, and replies with prose, code and tables) 
         their share of a core), labelled with the model and with its state line (``streaming · 42
         tokens · TTFT 212 ms · 3.1 s``, read from the request's record 10 times a second);
       - the same without the state line: what the state line costs is the difference;
+      - ``ChatMessage`` under a ``ThinkingBlock``, as the app streams a reasoning model's reply
+        (``ReplyExtras``): the first third of the same number of tokens is thinking, streamed into the
+        block above the reply, which folds when the answer begins; the rest is the answer;
       - plain ``get_stream()`` (at 100 tokens/s only), and the paced producer with no reply at all
         (the floor: producer, lag probe and an idle app).
 (c) The first token after a pause: 20 times, 10 tokens at 70 tokens/s, 300 ms of nothing, then one
@@ -65,7 +68,7 @@ from textual.widgets import Markdown
 
 from llmchat.core import TimingRecord
 from llmchat.tui.request_state import RequestWatch
-from llmchat.tui.widgets.chat import ChatMessage, Conversation, UserMessage
+from llmchat.tui.widgets.chat import ChatMessage, Conversation, ReplyExtras, UserMessage
 
 SIZE = (120, 40)
 LAG_TICK_S = 0.010
@@ -274,6 +277,32 @@ def widget_stream(tokens: list[str], rate: float | None, fps: float | None = Non
     return body
 
 
+def thinking_stream(thoughts: list[str], answer: list[str], rate: float) -> Body:
+    """``thoughts`` into a thinking block above the reply, then ``answer`` into the reply, paced at ``rate``,
+    through ``ReplyExtras`` as the app does it."""
+
+    async def body(conversation: Conversation) -> int:
+        message = add_reply(conversation, None)
+        extras = ReplyExtras(message, None, keep_open=False, toggle_key="Ctrl+T")
+        start = time.perf_counter_ns()
+        count = await feed(thoughts, rate, lambda token: extras.reasoning(token, time.perf_counter_ns()),
+                           float("inf"))
+
+        def answer_token(token: str) -> None:
+            if extras.thinking:
+                extras.answer_started((time.perf_counter_ns() - start) / 1e6)
+            message.append(token)
+
+        count += await feed(answer, rate, answer_token, float("inf"))
+        extras.finish(None, [])
+        message.finish(status="done", note="bench")
+        await asyncio.wait_for(message.wait_final(), 60)
+        await painted(message)
+        return count
+
+    return body
+
+
 def after_pauses(tokens: list[str], fps: float | None) -> Body:
     """``PAUSES`` times: ``BURST`` tokens at 70 a second, ``PAUSE_S`` of nothing, one token."""
 
@@ -351,7 +380,10 @@ def body_for(name: str, quick: bool) -> Body:
         "pause-ours": lambda: after_pauses(slow, None),
         "pause-baseline": lambda: after_pauses(slow, BASELINE_FPS),
     }
+    thoughts = reply(paced_tokens // 3, seed=5)
     for rate in RATES:
+        bodies[f"paced-thinking-{rate:.0f}"] = functools.partial(
+            thinking_stream, thoughts, slow[: paced_tokens - len(thoughts)], rate)
         bodies[f"paced-ours-{rate:.0f}"] = functools.partial(widget_stream, slow, rate)
         bodies[f"paced-nolive-{rate:.0f}"] = functools.partial(widget_stream, slow, rate, None, False)
         bodies[f"paced-baseline-{rate:.0f}"] = functools.partial(widget_stream, slow, rate, BASELINE_FPS)
@@ -417,7 +449,7 @@ def main(quick: bool) -> None:
     floor = run_child("paced-floor", quick)
     paced: dict[tuple[str, float], Run] = {}
     for rate in RATES:
-        for approach in ("baseline", "nolive", "ours"):
+        for approach in ("baseline", "nolive", "ours", "thinking"):
             paced[approach, rate] = run_child(f"paced-{approach}-{rate:.0f}", quick)
     plain_paced = run_child("paced-get_stream", quick)
     rows: list[tuple[str, float, Run]] = [("no reply (producer, probe, idle app: floor)", 100.0, floor)]
@@ -425,6 +457,7 @@ def main(quick: bool) -> None:
         rows.append((f"ChatMessage at {BASELINE_FPS:.0f} frames/s (baseline)", rate, paced["baseline", rate]))
         rows.append(("ChatMessage, no state line", rate, paced["nolive", rate]))
         rows.append(("ChatMessage (this app, with its state line)", rate, paced["ours", rate]))
+        rows.append(("  ... a third of it thinking, above it", rate, paced["thinking", rate]))
     rows.append(("Markdown.get_stream()", 100.0, plain_paced))
     for name, rate, run in rows:
         # Only ChatMessage reports render lag; the others have none to print.
@@ -440,6 +473,14 @@ def main(quick: bool) -> None:
             f"{(base.share - floor.share) * 100:.1f} %)"
         )
         print(f"at {rate:.0f} tokens/s, with the state line against without: {lag_and_cpu(ours_rate, bare)}")
+    for rate in RATES:
+        plain_run, thinking = paced["ours", rate], paced["thinking", rate]
+        print(
+            f"at {rate:.0f} tokens/s, a thinking block above the reply against the reply alone: render lag p50 "
+            f"{ratio(thinking.render_lags_ms, plain_run.render_lags_ms, 0.5)}, p99 "
+            f"{ratio(thinking.render_lags_ms, plain_run.render_lags_ms, 0.99)}; "
+            f"CPU {thinking.share / plain_run.share:.2f}x"
+        )
 
     print(f"\n(c) the first token after {PAUSE_S * 1000:.0f} ms of nothing, {PAUSES} times: its render lag")
     print(f"{'approach':<44}{'p50 ms':>8}{'max ms':>8}")

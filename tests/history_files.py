@@ -58,6 +58,10 @@ def make_old_history(db: Path, version: int) -> None:
         conn.execute("INSERT INTO messages (conversation_id, role, content, status, provider, model, mode,"
                      " record, created_at) VALUES (1, 'assistant', 'very', 'done', 'slow-llama', 'llama3',"
                      " 'stream', '{\"model\": \"llama3\", \"total_ms\": 900.0}', 2)")
+        if "parent_id" in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
+            # A schema with the message tree: the answer follows the question, and it ends the branch.
+            conn.execute("UPDATE messages SET parent_id = 1 WHERE id = 2")
+            conn.execute("UPDATE conversations SET leaf_id = 2 WHERE id = 1")
 
 
 def overwrite_pages(db: Path, first: int = 2, count: int = 4, seed: int = 7) -> None:

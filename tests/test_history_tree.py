@@ -113,7 +113,8 @@ def test_the_tree_walks_survive_hand_edited_rows() -> None:
 
 
 async def test_migration_makes_an_older_history_a_tree_and_indexes_it(db: Path) -> None:
-    version = len(MIGRATIONS) - 1
+    # The schema before the tree's migration, wherever the list has it (later ones may follow it).
+    version = next(i for i, m in enumerate(MIGRATIONS) if any("parent_id" in s for s in m))
     make_old_history(db, version=version)  # as the llmchat before this one left it: one question, one answer
     with closing(sqlite3.connect(db, isolation_level=None)) as conn:
         conn.execute("INSERT INTO messages (conversation_id, role, content, status, created_at)"

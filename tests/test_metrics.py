@@ -262,6 +262,16 @@ def test_a_planned_wait_is_activity_not_a_stall() -> None:
     assert activity is not None and activity >= before + 30 * 1_000_000_000
 
 
+def test_thinking_is_activity_not_a_stall() -> None:
+    m = Metrics()
+    r = record(t0_ns=1_000 * MS)
+    r.last_token_ns = None
+    m.observe_started(r)
+    assert m.last_activity_ns() == 1_000 * MS
+    r.first_reasoning_ns = r.last_reasoning_ns = 4_000 * MS  # thinking, no answer token yet
+    assert m.last_activity_ns() == 4_000 * MS
+
+
 def test_pending_since_is_the_oldest_request_in_flight() -> None:
     m = Metrics()
     assert m.pending_since_ns() is None and m.last_activity_ns() is None

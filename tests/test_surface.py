@@ -57,10 +57,12 @@ SURFACE: dict[str, list[str]] = {
         "HistoryError", "HistoryStore", "Origin", "ReplyWriter", "export_folder", "export_markdown",
         "export_records_json", "save_export", "write_private",
         "SearchHit",
+        "pretty_arguments",
     ],
     "llmchat.core.http": [
         "Endpoint", "SSEDecoder", "ServerSentEvent", "Transport", "WireResponse", "parse_chunk", "parse_reply",
         "HTTPResponse", "HTTPTransport", "MockRequest", "MockResponse", "MockTransport", "Pools",
+        "ToolCall",
     ],
     "llmchat.core.load": [
         "CLIENT_ERRORS", "CONFIGS", "ConfigStats", "EXACT_LIMIT", "Job", "JobSummary", "LoadRun", "METRICS",

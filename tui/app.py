@@ -70,7 +70,16 @@ from llmchat.tui.screens.system_prompt import SystemPromptScreen
 from llmchat.tui.screens.text_input import TextInputScreen
 from llmchat.tui.screenshot import TITLE as SCREENSHOT
 from llmchat.tui.screenshot import save_screenshot, screenshot_folders
-from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, Status, UserMessage
+from llmchat.tui.widgets.chat import (
+    ChatMessage,
+    Conversation,
+    PromptInput,
+    ReplyExtras,
+    Status,
+    ThinkingBlock,
+    UserMessage,
+    history_widgets,
+)
 from llmchat.tui.widgets.footer import KeyFooter
 from llmchat.tui.widgets.hud import Hud
 
@@ -104,6 +113,8 @@ def reply_note(summary: dict[str, Any] | None) -> str:
         return " · ".join(p for p in parts if p)
     if summary.get("http_version"):
         parts.append(str(summary["http_version"]))
+    if summary.get("mode") == "stream" and summary.get("thinking_ms") is not None:
+        parts.append(f"thought {summary['thinking_ms']:.0f} ms")
     if summary.get("mode") == "stream" and summary.get("ttft_ms") is not None:
         parts.append(f"TTFT {summary['ttft_ms']:.0f} ms")
     if summary.get("total_ms") is not None:
@@ -144,6 +155,7 @@ class ChatApp(BranchActions, App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         binding("mode.toggle", "toggle_mode"),
         binding("reply.cancel", "cancel_reply"),
+        binding("reply.thinking", "toggle_thinking", show=False),  # the folded block names its key
         binding("hud.toggle", "toggle_hud"),
         binding("hud.overlay", "hud_overlay"),
         binding("hud.charts", "hud_detail"),
@@ -502,6 +514,16 @@ class ChatApp(BranchActions, App[None]):
         elif not self.stop_editing():
             self.query_one(Conversation).select(None)
 
+    def action_toggle_thinking(self) -> None:
+        blocks = self.query_one(Conversation).query(ThinkingBlock)
+        if not blocks:
+            self.notify("no reply here has thinking to show", timeout=3)
+            return
+        blocks.last().toggle()
+
+    def _thinking_key(self) -> str:
+        return key_label(self.keys_in_effect["reply.thinking"]).split(" / ")[0]
+
     async def action_new_conversation(self) -> None:
         if self.replying:
             self.workers.cancel_group(self, "reply")
@@ -756,7 +778,7 @@ class ChatApp(BranchActions, App[None]):
         self.history = [m for m in conv.messages_for_api() if m["role"] != "system"]
         view = self.query_one(Conversation)
         await view.clear()
-        widgets: list[UserMessage | ChatMessage] = []
+        widgets: list[Widget] = []
         for msg in conv.messages:
             widget: UserMessage | ChatMessage
             if msg.role == "user":
@@ -770,14 +792,20 @@ class ChatApp(BranchActions, App[None]):
                 note = msg.error or reply_note(msg.record)
                 # The model that answered: the server's own name for it when the record has one.
                 label = (msg.record or {}).get("model") or msg.model or None
+                thinking, cards = history_widgets(
+                    msg.reasoning, (msg.record or {}).get("thinking_ms"), msg.tool_calls,
+                    keep_open=self.settings.ui.show_thinking, toggle_key=self._thinking_key())
                 widget = ChatMessage(msg.content, status=status, note=note, label=label)
+                widget.message_id, widget.alternatives = msg.id, msg.alternatives
+                widgets += [*thinking, widget, *cards]
+                continue
             else:
                 continue
             widget.message_id, widget.alternatives = msg.id, msg.alternatives
             widgets.append(widget)
         # One mount, one layout: resuming a long conversation costs one frame, not one per message.
         await view.add_history(widgets)
-        replies = [w for w in widgets if isinstance(w, ChatMessage)]
+        replies = [w for w in widgets if isinstance(w, ChatMessage) and not w.ASIDE]
         self._last_reply = replies[-1] if replies else None
 
     def _messages(self) -> list[dict[str, str]]:
@@ -864,6 +892,8 @@ class ChatApp(BranchActions, App[None]):
         watch = RequestWatch(stall_s=self.settings.ui.stall_s, cancel_key=self._cancel_key,
                              label=client.model)
         reply.follow(watch)
+        extras: ReplyExtras | None = None
+        calls: list[dict[str, Any]] = []
         try:
             try:
                 msg_id = await self.store.start_reply(
@@ -879,21 +909,29 @@ class ChatApp(BranchActions, App[None]):
                 # The prompt is saved; its answer still comes, unsaved, and the user knows.
                 self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
             messages = self._messages()
+            extras = ReplyExtras(reply, writer, keep_open=self.settings.ui.show_thinking,
+                                 toggle_key=self._thinking_key())
             if stream:
                 chat = client.stream(messages, **params)
+                chat.on_reasoning = extras.reasoning
                 record = chat.record
                 unwatch = watch.follow(client.bus, record=record)
                 watch.reasoning_from(lambda: chat.reasoning)
                 async for piece in chat:
+                    if extras.thinking:
+                        extras.answer_started(record.thinking_ms)
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
                         writer.append(piece)
+                calls = [c.to_dict() for c in chat.tool_calls]
                 # A hit here is a replayed stream ([cache] replay_streams).
                 status = "cached" if record.cache_hit else "done"
             else:
                 unwatch = watch.follow(client.bus, messages=messages)
                 answer = await client.complete(messages, **params)
                 record = answer.record
+                extras.reasoning(answer.reasoning)
+                calls = [c.to_dict() for c in answer.tool_calls]
                 reply.append(answer.text, time.perf_counter_ns())
                 if writer is not None:
                     writer.append(answer.text)
@@ -921,7 +959,11 @@ class ChatApp(BranchActions, App[None]):
             if unwatch is not None:
                 unwatch()
             note = error or (reply_note(record.summary()) if record is not None else "")
-            reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
+            # (mypy narrows ``status`` here to the try body's normal endings; the cancel branch set it too)
+            shown: Status = "cancelled" if status == "interrupted" else status  # type: ignore[comparison-overlap]
+            if extras is not None:
+                extras.finish(record.thinking_ms if record is not None else None, calls, shown)
+            reply.finish(status=shown, note=note)
             # A request that had to ask the server for its model made it the client's: say which it is.
             if record is not None and record.model:
                 reply.set_label(record.model)
@@ -935,6 +977,7 @@ class ChatApp(BranchActions, App[None]):
                         status="done" if status == "cached" else status,
                         error=error,
                         record=record.summary() if record is not None else None,
+                        tool_calls=calls,
                     )
                 except HistoryError as exc:
                     self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)

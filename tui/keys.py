@@ -46,6 +46,7 @@ REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("mode.toggle", "ctrl+b", "Stream/Batch", "switch between stream and batch mode", CHAT,
                "Mode"),
     KeyBinding("reply.cancel", "escape", "Cancel", "cancel the reply in flight, keeping what arrived", CHAT),
+    KeyBinding("reply.thinking", "ctrl+t", "Thinking", "show or fold the latest reply's thinking", CHAT),
     KeyBinding("hud.toggle", "f2", "HUD", "show or hide the HUD (over the chat when narrow)", CHAT),
     # Not f6 / f7: the prompt (a TextArea) selects the line and all its text with those.
     KeyBinding("hud.overlay", "f8", "HUD over chat", "show the HUD over the chat, at any width", CHAT,

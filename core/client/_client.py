@@ -13,15 +13,17 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
-from llmchat.core.http import Endpoint, HTTPResponse, HTTPTransport, Pools, SSEDecoder
+from llmchat.core.http import Endpoint, HTTPResponse, HTTPTransport, Pools, SSEDecoder, ToolCall
+from llmchat.core.http._reasoning import ThinkSplitter
+from llmchat.core.http._toolcalls import ToolCallAssembler
 from llmchat.core.observe import (
     Bus,
     Chunk,
@@ -43,13 +45,15 @@ _DRAIN_S = 1.0
 
 @dataclass(slots=True)
 class ChatReply:
-    """A whole reply: its text, the reasoning kept apart, and the request's timing record."""
+    """A whole reply: its text, the reasoning kept apart, the tool calls it asked for (never executed), and
+    the request's timing record."""
 
     text: str
     record: TimingRecord
     reasoning: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def endpoint_from_settings(
@@ -369,14 +373,17 @@ class ChatClient:
             record.replaced_chars = reply.replaced
             record.server_timing = reply.server_timing
             record.finish_reason = reply.finish_reason
+            calls = reply.tool_calls or []
+            record.tool_calls = len(calls)
             _apply_usage(record, reply.usage, fallback_tokens=0)
             if key is not None and self.cache is not None:
                 await self.cache.put_chat(key, {
                     "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
                     "usage": reply.usage, "model": reply.model or m,
+                    "tool_calls": [c.to_dict() for c in calls],
                 })
             answer = reply.content
-            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage)
+            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage, calls)
         except errors.APIError as exc:
             _fail(record, exc)
             raise
@@ -396,8 +403,12 @@ class ChatClient:
         record.finish_reason = hit.get("finish_reason")
         usage = hit.get("usage") if isinstance(hit.get("usage"), dict) else None
         _apply_usage(record, usage, fallback_tokens=0)
+        raw_calls = hit.get("tool_calls")
+        calls = [ToolCall.from_dict(c, i) for i, c in enumerate(raw_calls) if isinstance(c, Mapping)] \
+            if isinstance(raw_calls, list) else []
+        record.tool_calls = len(calls)
         return ChatReply(str(hit.get("text", "")), record, str(hit.get("reasoning") or ""),
-                         record.finish_reason, usage)
+                         record.finish_reason, usage, calls)
 
     async def embed(self, texts: Sequence[str], *, model: str | None = None) -> list[list[float]]:
         """Vectors for ``texts``, in order. Cached per text; the texts not cached go out as one request."""
@@ -451,6 +462,10 @@ class ChatStream:
         self.record = client._record("stream", self.model)
         self._parts: list[str] = []
         self._reasoning: list[str] = []
+        self._tools = ToolCallAssembler()
+        self.on_reasoning: Callable[[str, int], object] | None = None
+        """Called with each reasoning delta and its arrival (``perf_counter_ns``) as it comes, before the
+        answer's deltas of the same chunk are yielded; set it before iterating (the app streams thinking)."""
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self._gen = self._run()
@@ -462,6 +477,11 @@ class ChatStream:
     @property
     def reasoning(self) -> str:
         return "".join(self._reasoning)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool calls the reply asked for, assembled from its deltas so far (none is executed)."""
+        return self._tools.calls
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._gen
@@ -543,6 +563,20 @@ class ChatStream:
         if self._client.bus.wants(Chunk):
             self._client.bus.publish(Chunk(record, text, now))
 
+    def _on_reasoning(self, text: str, now: int) -> None:
+        record = self.record
+        if record.first_reasoning_ns is None:
+            record.first_reasoning_ns = now
+        record.last_reasoning_ns = now
+        record.reasoning_chunks += 1
+        self._reasoning.append(text)
+        if self.on_reasoning is not None:
+            self.on_reasoning(text, now)
+
+    def _on_tool_calls(self, deltas: list[Any]) -> None:
+        self._tools.feed(deltas)
+        self.record.tool_calls = len(self._tools.calls)
+
     async def _stream(self) -> AsyncIterator[str]:
         client, record = self._client, self.record
         t = time.perf_counter_ns()
@@ -558,6 +592,10 @@ class ChatStream:
                 reply = wire.parse_reply(whole, status=resp.status, content_type=ctype,
                                          where=client.endpoint.hostport)
                 now = time.perf_counter_ns()
+                if reply.reasoning:
+                    self._on_reasoning(reply.reasoning, now)
+                if reply.tool_calls:
+                    self._on_tool_calls([c.to_dict() | {"index": c.index} for c in reply.tool_calls])
                 if reply.content:
                     self._on_content(reply.content, now)
                     yield reply.content
@@ -568,12 +606,17 @@ class ChatStream:
             decoder = SSEDecoder(extra_fields=("error",))
             # A surrogate pair split across two chunks is joined; lone ones become U+FFFD (see _text).
             answer_joiner, reasoning_joiner = SurrogateJoiner(), SurrogateJoiner()
+            # Inline <think> blocks: dropped (None) as soon as the answer has begun, so a reply without one
+            # pays for it only until its first visible character.
+            splitter: ThinkSplitter | None = ThinkSplitter()
             done = False
             chunks = resp.aiter_bytes()
             async for raw in chunks:
                 now = time.perf_counter_ns()
                 if record.first_token_ns is None:
                     record.decode_before_first_ns = record.decode_ns
+                    if record.first_reasoning_ns is None:
+                        record.decode_before_reasoning_ns = record.decode_ns
                 events = decoder.feed(raw)
                 record.decode_ns += time.perf_counter_ns() - now
                 for event in events:
@@ -600,11 +643,18 @@ class ChatStream:
                         content = answer_joiner.feed(content)
                         reasoning = reasoning_joiner.feed(reasoning)
                         record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
+                    if splitter is not None and content:
+                        content, inline = splitter.feed(content)
+                        reasoning += inline
+                        if splitter.answering:
+                            splitter = None
+                    if reasoning:
+                        self._on_reasoning(reasoning, now)
                     if content:
                         self._on_content(content, now)
                         yield content
-                    if reasoning:
-                        self._reasoning.append(reasoning)
+                    if delta.tool_calls is not None:
+                        self._on_tool_calls(delta.tool_calls)
                     if delta.finish_reason:
                         self.finish_reason = record.finish_reason = delta.finish_reason
                     if delta.usage is not None:
@@ -617,8 +667,13 @@ class ChatStream:
                 if done:
                     break
             tail, reasoning_tail = answer_joiner.flush(), reasoning_joiner.flush()
+            if splitter is not None:
+                held_answer, held_reasoning = splitter.feed(tail) if tail else ("", "")
+                flushed_answer, flushed_reasoning = splitter.flush()
+                tail, reasoning_tail = held_answer + flushed_answer, reasoning_tail + held_reasoning + \
+                    flushed_reasoning
             if reasoning_tail:
-                self._reasoning.append(reasoning_tail)
+                self._on_reasoning(reasoning_tail, time.perf_counter_ns())
             if tail:
                 self._on_content(tail, time.perf_counter_ns())
                 yield tail

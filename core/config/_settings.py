@@ -155,6 +155,9 @@ class UISettings:
     max_tokens: int | None = None
     """The longest reply, in tokens, asked of every request of a new conversation; not set leaves it to the
     server. The palette changes it per conversation."""
+    show_thinking: bool = False
+    """Keep a reply's thinking (a reasoning model's) open after its answer begins; false folds it to one line
+    saying how long the model thought. It streams open either way; Ctrl+T (reply.thinking) opens or folds it."""
     export_dir: str = ""
     """The folder the app's exports go to (an absolute path, or one starting with ~/); empty means
     $XDG_DATA_HOME/llmchat/exports. An export never replaces a file: a taken name gets a number."""
@@ -212,6 +215,15 @@ class ServerSettings:
     split_surrogates: bool = False
     """Stream each emoji as a JSON surrogate-pair escape split across two chunks (\\ud83d in one, \\ude80 in the
     next), each chunk valid JSON on its own, as some servers do; clients must join the pair."""
+    reasoning_tokens: int = 0
+    """Start every reply with this many tokens of thinking, streamed as reasoning_content deltas (as vLLM and
+    DeepSeek send them) before the answer; 0 sends none."""
+    reasoning_inline: bool = False
+    """Send the thinking inside the content as a <think>...</think> block instead (llama.cpp without a
+    reasoning format); the tags arrive cut across chunks."""
+    tool_call: bool = False
+    """Answer with a call to the request's first tool (get_weather when it offers none) instead of text: its
+    arguments streamed in pieces, finish_reason "tool_calls"."""
     rtt_ms: float = 0.0
     """Delay bytes in each direction by half of this, so new connections and TLS handshakes cost what they
     cost across regions."""

@@ -132,6 +132,7 @@ RULES: dict[str, Rule] = {
     "server.rtt_ms": _NON_NEGATIVE_MS,
     "server.batch_turnaround_s": _NON_NEGATIVE_SECONDS,
     "server.batch_fail_share": _PROBABILITY,
+    "server.reasoning_tokens": _NON_NEGATIVE_INT,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

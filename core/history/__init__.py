@@ -14,6 +14,7 @@ from llmchat.core.history._model import (
     Origin,
     export_markdown,
     export_records_json,
+    pretty_arguments,
 )
 from llmchat.core.history._search import SearchHit
 from llmchat.core.history._store import HistoryStore, ReplyWriter
@@ -32,6 +33,7 @@ __all__ = [
     "export_folder",
     "export_markdown",
     "export_records_json",
+    "pretty_arguments",
     "save_export",
     "write_private",
 ]

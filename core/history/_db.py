@@ -148,6 +148,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
         "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",
     ),
+    # 5: a reasoning model's thinking, kept apart from the answer (never sent back to the model), and the tool
+    # calls a reply asked for, as OpenAI's JSON list (NULL: none). Older replies had neither.
+    (
+        "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE messages ADD COLUMN tool_calls TEXT",
+    ),
 ]
 
 
@@ -499,21 +505,21 @@ class Database:
             self._set_leaf(conv_id, msg_id)
             return msg_id
 
-    def save_reply_text(self, msg_id: int, text: str) -> None:
+    def save_reply_text(self, msg_id: int, text: str, reasoning: str = "") -> None:
         # No row (the user deleted the conversation mid-reply) is not an error: there is nothing to keep.
-        self.conn.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'streaming'",
-                          (text, msg_id))
+        self.conn.execute("UPDATE messages SET content = ?, reasoning = ? WHERE id = ? AND status = 'streaming'",
+                          (text, reasoning, msg_id))
 
     def finish_reply(self, msg_id: int, text: str, status: Status, error: str | None,
-                     record: str | None) -> None:
+                     record: str | None, reasoning: str = "", tool_calls: str | None = None) -> None:
         now = time.time()
         with _transaction(self.conn):
             row = self.conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (msg_id,)).fetchone()
             if row is None:
                 return
             self.conn.execute(
-                "UPDATE messages SET content = ?, status = ?, error = ?, record = ? WHERE id = ?",
-                (text, status, error, record, msg_id))
+                "UPDATE messages SET content = ?, status = ?, error = ?, record = ?, reasoning = ?,"
+                " tool_calls = ? WHERE id = ?", (text, status, error, record, reasoning, tool_calls, msg_id))
             self._touch(int(row[0]), now)
 
 
@@ -578,12 +584,23 @@ def _record(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _tool_calls(text: object) -> list[dict[str, Any]]:
+    if not isinstance(text, str):
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []  # a hand-edited list must not make the conversation unreadable
+    return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
 _MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, error, provider, model, mode, record,"
-                    " created_at, parent_id")
+                    " created_at, parent_id, reasoning, tool_calls")
 
 
 def _message(row: tuple[Any, ...], alternatives: tuple[int, ...] = ()) -> Message:
     return Message(id=int(row[0]), conversation_id=int(row[1]), role=row[2], content=str(row[3]),
                    status=row[4], error=row[5], provider=str(row[6]), model=str(row[7]), mode=str(row[8]),
                    record=_record(row[9]), created_at=float(row[10]),
-                   parent_id=None if row[11] is None else int(row[11]), alternatives=alternatives)
+                   parent_id=None if row[11] is None else int(row[11]), alternatives=alternatives,
+                   reasoning=str(row[12] or ""), tool_calls=_tool_calls(row[13]))

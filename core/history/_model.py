@@ -11,6 +11,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -177,6 +178,10 @@ class Message:
     mode: str
     record: dict[str, Any] | None
     created_at: float
+    reasoning: str = ""
+    """A reasoning model's thinking before this reply, apart from ``content`` (never sent back to it)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """The tool calls the reply asked for, in OpenAI's shape (``id``, ``type``, ``function``); none ran."""
     parent_id: int | None = None
     """The message this one follows (None for the first): see :mod:`llmchat.core.history._tree`."""
     alternatives: tuple[int, ...] = ()
@@ -283,6 +288,9 @@ def timing_line(msg: Message) -> str:
         parts.append("cache hit")
     elif rec.get("http_version"):
         parts.append(str(rec["http_version"]))
+    thinking = _duration(_number(rec.get("thinking_ms")))
+    if thinking:
+        parts.append(f"thought {thinking}")
     ttft = _duration(_number(rec.get("ttft_ms")))
     if ttft:
         parts.append(f"TTFT {ttft}")
@@ -363,8 +371,30 @@ def _paragraph_start(out: list[str]) -> int | None:
     return start
 
 
-def export_markdown(conv: Conversation) -> str:
+def tool_call_lines(call: Mapping[str, Any]) -> list[str]:
+    """A tool call as Markdown: ``**Tool call** `name` (id)`` and its arguments in a fenced JSON block
+    (indented when they are valid JSON, as sent otherwise)."""
+    raw = call.get("function")
+    fn: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    name = str(fn.get("name") or "?")
+    ident = f" ({call['id']})" if call.get("id") else ""
+    return [f"**Tool call** `{name}`{ident}", "", "```json", pretty_arguments(fn.get("arguments")), "```"]
+
+
+def pretty_arguments(arguments: object) -> str:
+    """Tool-call arguments for people: indented JSON when they parse, else the text as it came."""
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def export_markdown(conv: Conversation, *, thinking: bool = False) -> str:
     """The conversation as a Markdown document: title, system prompt, then each message under a role heading.
+
+    A reply's tool calls follow its text, each with its arguments; with ``thinking`` a reply's reasoning comes
+    first, as a quoted block under *Thinking*.
 
     A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)") and in
     an italic line after what arrived of it; each reply ends with its model and timing line in italics. The
@@ -378,8 +408,13 @@ def export_markdown(conv: Conversation) -> str:
         lines += ["## System prompt", "", nest_headings(conv.system_prompt.rstrip()), ""]
     for msg in conv.messages:
         lines += [_heading(msg), ""]
+        if thinking and msg.reasoning.strip():
+            lines += ["*Thinking:*", ""] + [f"> {line}" if line else ">" for line in
+                                           msg.reasoning.strip().split("\n")] + [""]
         if msg.content:
             lines += [nest_headings(msg.content.rstrip()), ""]
+        for call in msg.tool_calls:
+            lines += [*tool_call_lines(call), ""]
         mark = partial_mark(msg)
         if mark:
             lines += [mark, ""]
@@ -390,9 +425,10 @@ def export_markdown(conv: Conversation) -> str:
     return "\n".join(lines)
 
 
-def export_records_json(conv: Conversation) -> str:
+def export_records_json(conv: Conversation, *, thinking: bool = False) -> str:
     """A JSON list with one object per reply that has a timing record: the message id, conversation id,
-    status and error, then the record's own fields. Replies without a record (none was made) are left out.
+    status and error, the tool calls it asked for (``tool_call_list``), with ``thinking`` its reasoning text,
+    then the record's own fields. Replies without a record (none was made) are left out.
     """
     out: list[dict[str, Any]] = []
     for msg in conv.messages:
@@ -403,6 +439,8 @@ def export_records_json(conv: Conversation) -> str:
             "conversation_id": conv.id,
             "message_status": msg.status,
             "message_error": msg.error,
+            "tool_call_list": list(msg.tool_calls),
+            **({"reasoning": msg.reasoning} if thinking else {}),
             **msg.record,
         })
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -303,7 +303,8 @@ class ReplyWriter:
     saved, arms one timer. No timer runs while nothing changes. The save itself happens on the store's thread.
     """
 
-    __slots__ = ("_store", "msg_id", "_flush_s", "_loop", "_parts", "_timer", "_finished", "_flushes")
+    __slots__ = ("_store", "msg_id", "_flush_s", "_loop", "_parts", "_reasoning", "_timer", "_finished",
+                 "_flushes")
 
     def __init__(self, store: HistoryStore, msg_id: int, flush_s: float,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -312,6 +313,7 @@ class ReplyWriter:
         self._flush_s = flush_s
         self._loop = loop
         self._parts: list[str] = []
+        self._reasoning: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
         self._finished = False
         self._flushes = 0
@@ -339,6 +341,24 @@ class ReplyWriter:
         if self._timer is None:
             self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
 
+    def append_reasoning(self, text: str) -> None:
+        """Adds a delta of thinking, kept apart from the reply's text and saved with it, as :meth:`append`."""
+        if self._finished or not text:
+            return
+        self._reasoning.append(text)
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
+
+    @property
+    def reasoning(self) -> str:
+        """The thinking so far."""
+        return "".join(self._reasoning)
+
+    def _take_reasoning(self) -> str:
+        text = "".join(self._reasoning)
+        self._reasoning = [text] if text else []
+        return text
+
     def _take_text(self) -> str:
         if self._timer is not None:
             self._timer.cancel()
@@ -353,7 +373,8 @@ class ReplyWriter:
         if self._finished:
             return
         self._flushes += 1
-        future = self._store._submit(self._store._db.save_reply_text, self.msg_id, self._take_text())
+        future = self._store._submit(self._store._db.save_reply_text, self.msg_id, self._take_text(),
+                                     self._take_reasoning())
         future.add_done_callback(_log_failure)
 
     def _detach(self) -> None:
@@ -368,28 +389,33 @@ class ReplyWriter:
         if self._finished:
             return
         self._flushes += 1
-        await self._store._run(self._store._db.save_reply_text, self.msg_id, self._take_text())
+        await self._store._run(self._store._db.save_reply_text, self.msg_id, self._take_text(),
+                               self._take_reasoning())
 
     async def finish(self, *, status: FinalStatus, error: str | None = None,
-                     record: Mapping[str, Any] | None = None, text: str | None = None) -> None:
+                     record: Mapping[str, Any] | None = None, text: str | None = None,
+                     tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
         """Writes the final text, the status, the error line and the timing record; the writer stops.
 
         ``status``: "done", "cancelled" (the user stopped it), "interrupted" (the program quit or closed the
         history mid-reply) or "error". ``text`` replaces what :meth:`append` collected when given (e.g. the
-        client's final text). A reply that did not finish keeps its partial text. Finishing twice does
-        nothing. Raises ValueError for an unknown status and HistoryError when the write fails. A reply whose
-        conversation was deleted is not an error.
+        client's final text). ``tool_calls``: the calls the reply asked for, in OpenAI's shape. The thinking
+        collected by :meth:`append_reasoning` is saved apart. A reply that did not finish keeps its partial
+        text. Finishing twice does nothing. Raises ValueError for an unknown status and HistoryError when the
+        write fails. A reply whose conversation was deleted is not an error.
         """
         if status not in _FINAL:
             raise ValueError(f"status must be one of {', '.join(_FINAL)}, got {status!r}")
         if self._finished:
             return
         final = self._take_text()
+        reasoning = self._take_reasoning()
         self._finished = True
         self._store._writers.discard(self)
         record_json = None if record is None else json.dumps(dict(record), ensure_ascii=False, default=str)
+        calls_json = json.dumps([dict(c) for c in tool_calls], ensure_ascii=False) if tool_calls else None
         await self._store._run(self._store._db.finish_reply, self.msg_id, final if text is None else text,
-                               status, one_line(error) if error else None, record_json)
+                               status, one_line(error) if error else None, record_json, reasoning, calls_json)
 
 
 def _log_failure(future: Future[None]) -> None:

@@ -10,6 +10,7 @@ from llmchat.core.http._mock import MockRequest, MockResponse, MockTransport
 from llmchat.core.http._openai import parse_chunk, parse_reply
 from llmchat.core.http._pools import Pools
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
+from llmchat.core.http._toolcalls import ToolCall
 from llmchat.core.http._transport import Transport, WireResponse
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Pools",
     "SSEDecoder",
     "ServerSentEvent",
+    "ToolCall",
     "Transport",
     "WireResponse",
     "parse_chunk",

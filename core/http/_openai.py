@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import llmchat.core.errors as errors
+from llmchat.core.http._reasoning import split_inline
+from llmchat.core.http._toolcalls import ToolCall, tool_calls_from
 from llmchat.core.text import clean, may_need_cleaning
 
 try:
@@ -67,6 +69,8 @@ class Delta:
     usage: dict[str, Any] | None = None
     server_timing: dict[str, int] | None = None
     timings: dict[str, float] | None = None  # llama.cpp's self-report on the final chunk
+    tool_calls: list[Any] | None = None
+    """``delta.tool_calls`` as sent: pieces of calls, assembled by ``ToolCallAssembler``."""
     suspect: bool = False
     """content or reasoning may hold lone surrogates (a pair split across chunks): feed them through a
     ``_text.SurrogateJoiner`` before keeping them."""
@@ -98,6 +102,9 @@ def parse_chunk(data: str) -> Delta:
             r = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(r, str):
                 d.reasoning = r
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list) and calls:
+                d.tool_calls = calls
             d.suspect = suspect and (may_need_cleaning(d.content) or may_need_cleaning(d.reasoning))
         d.finish_reason = choice.get("finish_reason")
     usage = obj.get("usage")
@@ -131,6 +138,8 @@ class Reply:
     timings: dict[str, float] | None = None
     replaced: int = 0
     """Characters of content and reasoning that were not valid Unicode, now U+FFFD."""
+    tool_calls: list[ToolCall] | None = None
+    """The calls the model asked for (``message.tool_calls``), None when it asked for none."""
 
 
 def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> Reply:
@@ -143,6 +152,9 @@ def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> R
     st = obj.get("server_timing")
     content, bad_content = clean(str(msg.get("content") or ""))
     reasoning, bad_reasoning = clean(str(msg.get("reasoning_content") or msg.get("reasoning") or ""))
+    if not reasoning and "<think>" in content[:64]:
+        content, reasoning = split_inline(content)
+    calls = tool_calls_from(msg) if isinstance(msg, dict) else []
     return Reply(
         content=content,
         reasoning=reasoning,
@@ -152,6 +164,7 @@ def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> R
         model=obj.get("model"),
         server_timing={k: v for k, v in st.items() if isinstance(v, int)} if isinstance(st, dict) else None,
         timings=_timings(obj.get("timings")),
+        tool_calls=calls or None,
     )
 
 

@@ -18,6 +18,13 @@ The timeline, stream mode (batch mode has one reply span instead of the last two
                                                              │ network (derived)│
                                                              │ client decode    │
 
+A reply that thought before answering (reasoning deltas, or an inline ``<think>`` block) has its time to first
+token cut at the first reasoning token: the span before it is split as above, and the rest, to the first
+answer token, is ``thinking`` (measured, group server: the model generating its reasoning). A note says
+``thinking 4.2 s of 4.6 s to first token``. A server's reported generation (llama.cpp's ``predicted_ms``,
+llmchat serve's first-to-last token) covers the reasoning tokens too, so the thinking is taken out of it for
+the streaming span.
+
 A request that had to look its model up (GET /models, no model named) starts with that lookup: its connect
 and TLS (the connection it opened is the request's) and the rest as ``model lookup`` (network + server).
 
@@ -105,6 +112,7 @@ PARTS: dict[str, tuple[str, Group, Source]] = {
     "server_prefill": ("server prefill", "server", "reported"),
     "server_generation": ("server generation", "server", "reported"),
     "server_processing": ("server processing", "server", "reported"),
+    "thinking": ("thinking (reasoning tokens)", "server", "measured"),
     "network_first_token": ("network to first token", "network", "derived"),
     "network_stream": ("network while streaming", "network", "derived"),
     "network_reply": ("network (reply)", "network", "derived"),
@@ -346,8 +354,20 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
     first = record.first_token_ns
     if record.mode == "stream" and first is not None and send_end <= first <= end:
         decode_first = min(max(0, record.decode_before_first_ns), decode_ns)
-        _to_first_token(b, record, report, first - send_end, decode_first, send_end)
-        _streaming(b, report, end - first, decode_ns - decode_first)
+        think = record.first_reasoning_ns
+        thinking = 0
+        if think is not None and send_end <= think < first:
+            # Cut at the first reasoning token: what the server reports about its prefill fits before it.
+            decode_think = min(max(0, record.decode_before_reasoning_ns), decode_first)
+            _to_first_token(b, record, report, think - send_end, decode_think, send_end)
+            thinking = first - think
+            decode_during = min(decode_first - decode_think, thinking)
+            b.add("decode", decode_during)
+            b.add("thinking", thinking - decode_during, keep_zero=True)
+            b.notes.append(f"thinking {_seconds(thinking)} of {_seconds(first - record.t0_ns)} to first token")
+        else:
+            _to_first_token(b, record, report, first - send_end, decode_first, send_end)
+        _streaming(b, report, end - first, decode_ns - decode_first, thinking)
     else:
         _reply(b, report, end - send_end, decode_ns)
     return b
@@ -390,12 +410,19 @@ def _to_first_token(
         b.add("network_server", span - decode, keep_zero=True)
 
 
-def _streaming(b: _Builder, report: ServerReport, span: int, decode: int) -> None:
+def _seconds(ns: int) -> str:
+    """A note's duration: ``4.2 s`` from a second up, ``850 ms`` below."""
+    return f"{ns / 1e9:.1f} s" if ns >= 1_000_000_000 else f"{ns / _NS_PER_MS:.0f} ms"
+
+
+def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
     if report.reporter in (LLMCHAT, LLAMA_CPP) and report.generation_ns is not None:
-        b.add("server_generation", report.generation_ns, keep_zero=True)
-        b.add_derived("network_stream", span, decode + report.generation_ns, "streaming")
+        # The reported generation began with the reasoning tokens, measured above as thinking.
+        generation = max(0, report.generation_ns - thinking)
+        b.add("server_generation", generation, keep_zero=True)
+        b.add_derived("network_stream", span, decode + generation, "streaming")
     else:
         b.add("network_server_stream", span - decode, keep_zero=True)
 

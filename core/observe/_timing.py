@@ -11,10 +11,15 @@ Definitions (README.md repeats them for users):
 - ITL: the gaps between consecutive content chunks (vLLM's chunk-gap definition; a chunk may carry more than
   one token).
 - TPOT: (last token - first token) / (output tokens - 1), output tokens from the server's usage when it sends
-  it, else the number of content chunks.
+  it, else the number of content chunks. When the server's usage counts reasoning tokens too (a reply that
+  thought, with usage), the span starts at the first reasoning token.
 - tokens/s: output tokens per second of generation, ``(output_tokens - 1) / (last - first)`` in stream mode
   (the decode rate, 1000 / TPOT); ``output_tokens / total`` in batch mode, where no per-token times exist.
 - total: t0 to the end of the body (or to the error or the cancel).
+- first reasoning: t0 to the first chunk carrying reasoning (``reasoning_content``, ``reasoning`` or an inline
+  ``<think>`` block). Stream mode only.
+- thinking: the first reasoning chunk to the first answer chunk (to the last reasoning chunk when no answer
+  came), so first reasoning + thinking = TTFT for a reply that thought before answering.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ class TimingRecord:
     discovery_end_ns: int | None = None
     first_token_ns: int | None = None
     last_token_ns: int | None = None
+    # Reasoning deltas (a reasoning model's thinking), kept apart from the answer: they never count as tokens
+    # of TTFT, ITL or TPOT.
+    first_reasoning_ns: int | None = None
+    last_reasoning_ns: int | None = None
+    reasoning_chunks: int = 0
+    tool_calls: int = 0
+    """How many tool calls the reply asked for (none is ever executed)."""
     end_ns: int | None = None
     chunk_ns: list[int] = field(default_factory=list)
     content_chunks: int = 0
@@ -120,6 +132,8 @@ class TimingRecord:
     # The part of decode_ns spent before the bytes of the first token arrived: attribution puts it in the time
     # to first token and the rest in the streaming span.
     decode_before_first_ns: int = 0
+    # ... and the part spent before the first reasoning token: attribution cuts thinking out of that span.
+    decode_before_reasoning_ns: int = 0
     # What other servers report about themselves: llama.cpp's final ``timings`` object (prompt_ms,
     # predicted_ms, ...) and OpenAI's ``openai-processing-ms`` header.
     server_reported: dict[str, float] | None = None
@@ -179,6 +193,27 @@ class TimingRecord:
         return _ms(self.t0_ns, self.end_ns)
 
     @property
+    def first_reasoning_ms(self) -> float | None:
+        """t0 to the first reasoning chunk; None when the reply had no reasoning (or in batch mode)."""
+        return _ms(self.t0_ns, self.first_reasoning_ns)
+
+    @property
+    def thinking_end_ns(self) -> int | None:
+        """Where thinking ended: the first answer chunk after it, else the last reasoning chunk."""
+        if self.first_reasoning_ns is None:
+            return None
+        first = self.first_token_ns
+        if first is not None and first >= self.first_reasoning_ns:
+            return first
+        return self.last_reasoning_ns
+
+    @property
+    def thinking_ms(self) -> float | None:
+        """The first reasoning chunk to the first answer chunk (or the last reasoning chunk); None without
+        reasoning. An answer that began before the reasoning did (a server that interleaves) counts none."""
+        return _ms(self.first_reasoning_ns, self.thinking_end_ns)
+
+    @property
     def itl_ms(self) -> list[float]:
         c = self.chunk_ns
         return [(c[i] - c[i - 1]) / _NS_PER_MS for i in range(1, len(c))]
@@ -187,7 +222,12 @@ class TimingRecord:
     def tpot_ms(self) -> float | None:
         if self.first_token_ns is None or self.last_token_ns is None or self.output_tokens < 2:
             return None
-        return (self.last_token_ns - self.first_token_ns) / _NS_PER_MS / (self.output_tokens - 1)
+        first = self.first_token_ns
+        if self.usage_from_server and self.first_reasoning_ns is not None and self.first_reasoning_ns < first:
+            # The server's completion_tokens count the reasoning tokens too (OpenAI, vLLM): they were generated
+            # from the first reasoning token on.
+            first = self.first_reasoning_ns
+        return (self.last_token_ns - first) / _NS_PER_MS / (self.output_tokens - 1)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -224,6 +264,10 @@ class TimingRecord:
             "send_ms": _round(self.send_ms),
             "ttfb_ms": _round(self.ttfb_ms),
             "ttft_ms": _round(self.ttft_ms),
+            "first_reasoning_ms": _round(self.first_reasoning_ms),
+            "thinking_ms": _round(self.thinking_ms),
+            "reasoning_chunks": self.reasoning_chunks,
+            "tool_calls": self.tool_calls,
             "total_ms": _round(self.total_ms),
             "tpot_ms": _round(self.tpot_ms),
             "itl_ms_p50": _round(percentile(itl, 50)),

@@ -375,7 +375,8 @@ class Metrics:
         retry wait (which may lie ahead: a planned wait is not a stall). None when nothing is in flight."""
         if not self._live:
             return None
-        latest = max((r.last_token_ns or r.t0_ns) for r in self._live.values())
+        # A reasoning model's thinking is life too: without it a long think would read as a stall.
+        latest = max(max(r.last_token_ns or r.t0_ns, r.last_reasoning_ns or 0) for r in self._live.values())
         if self.last_chunk_ns is not None and self.last_chunk_ns > latest:
             latest = self.last_chunk_ns
         if self._retry is not None and id(self._retry[0]) in self._live:

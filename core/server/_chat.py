@@ -32,6 +32,7 @@ from llmchat.core.server._faults import ColdStarts, FaultDice
 from llmchat.core.server._http import Exchange, HTTPFailure
 from llmchat.core.server._replies import Reply, build_reply, count_prompt_tokens, split_surrogates
 from llmchat.core.server._requests import ChatRequest
+from llmchat.core.server._thinking import Events, Plan, plan, whole_message
 
 MAX_WRITE = 16 * 1024
 DROP_GRACE_S = 0.05
@@ -118,7 +119,9 @@ class ChatResponder:
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
         usage = _wire.usage(count_prompt_tokens(req.messages), len(reply.tokens))
         try:
-            if req.stream:
+            if self.settings.reasoning_tokens > 0 or self.settings.tool_call:
+                await self._thinking(ex, req, reply, first_due)
+            elif req.stream:
                 await self._stream(ex, req, reply, usage, first_due)
             else:
                 await self._whole(ex, req, reply, usage, first_due)
@@ -210,6 +213,60 @@ class ChatResponder:
                 # The stall is a gap of at least stall_ms after the last token actually sent, however late.
                 origin, origin_k = loop.time() + self._stall, stall_at
                 due = max(due, origin + self.dice.jitter())
+
+    def _plan(self, req: ChatRequest, reply: Reply, template: _wire.ChunkTemplate) -> Plan:
+        return plan(
+            reply, reasoning_tokens=self.settings.reasoning_tokens, inline=self.settings.reasoning_inline,
+            tool_call=self.settings.tool_call, tools=req.tools, seed_text=req.messages_key,
+            last_user_text=req.last_user_text, events=Events(template.head, req.include_usage),
+            content=template.content,
+        )
+
+    async def _thinking(self, ex: Exchange, req: ChatRequest, reply: Reply, first_due: float) -> None:
+        """A reply with a thinking phase and/or a tool call (see ``_thinking``): token k due at
+        ``first_due + k / tokens_per_s``; the faults (stall, drop) are the plain replies' alone."""
+        loop = asyncio.get_running_loop()
+        template = _wire.ChunkTemplate(self.next_id(), int(time.time()), req.model, req.include_usage)
+        p = self._plan(req, reply, template)
+        usage = _wire.usage(count_prompt_tokens(req.messages), p.completion_tokens)
+        if not req.stream:
+            if not await ex.pause(first_due - loop.time()):
+                return
+            first_ns = time.monotonic_ns()
+            if not await ex.pause(first_due + max(0, p.completion_tokens - 1) * self._interval - loop.time()):
+                return
+            extra = self._extra(ex, req, first_ns, time.monotonic_ns())
+            await ex.respond(200, _wire.completion(self.next_id(), int(time.time()), req.model, p.content,
+                                                   p.finish_reason, usage, extra, whole_message(p)))
+            return
+        h11 = ex.scope.get("http_version") == "1.1"
+        await ex.start(200, [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
+        await ex.write(template.role())
+        last = Reply((), (p.last_content,), p.finish_reason)
+        events, total = p.events, len(p.events) + 1  # the final chunk is the last event
+        i, due, first_ns = 0, first_due, 0
+        while i < total:
+            if not await ex.pause(due - loop.time()):
+                return
+            ready = loop.time() if not ex.hurrying else float("inf")
+            parts: list[bytes] = []
+            size = 0
+            while i < total and due <= ready and size < MAX_WRITE:
+                if i == 0:
+                    first_ns = time.monotonic_ns()
+                part = events[i] if i < total - 1 else self._final(
+                    ex, req, template, last, usage, first_ns, time.monotonic_ns())
+                parts.append(part)
+                size += len(part)
+                i += 1
+                due = max(due, first_due + i * self._interval + self.dice.jitter())
+            if ex.disconnected:
+                return
+            if i == total:
+                await self._finish(ex, h11, b"".join(parts))
+                return
+            if parts:
+                await ex.write(b"".join(parts))
 
     async def _unpaced(
         self,

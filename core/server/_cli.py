@@ -140,6 +140,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="batches expire once half their lines are done; the rest are batch_expired in the error file",
     )
+    a(
+        "--reasoning-tokens",
+        type=int,
+        metavar="N",
+        help="think first: N tokens of reasoning in reasoning_content deltas before every answer (0: none)",
+    )
+    a(
+        "--reasoning-inline",
+        action="store_true",
+        default=None,
+        help="send the thinking inline in the content as <think>...</think> instead (tags cut across chunks)",
+    )
+    a(
+        "--tool-call",
+        action="store_true",
+        default=None,
+        help="answer with a call to the request's first tool (get_weather if none), arguments streamed in "
+        "pieces, finish_reason tool_calls",
+    )
     p.set_defaults(func=run)
 
 
@@ -185,6 +204,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "batch_turnaround_s",
         "batch_fail_share",
         "batch_expire",
+        "reasoning_tokens",
+        "reasoning_inline",
+        "tool_call",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}
 

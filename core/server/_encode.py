@@ -71,6 +71,11 @@ class ChunkTemplate:
         usage_null = b',"usage":null' if include_usage else b""
         self._tail = b'"},"logprobs":null,"finish_reason":null}]' + usage_null + b"}\n\n"
 
+    @property
+    def head(self) -> bytes:
+        """The start of every chunk object: id, object, created, model, fingerprint (for other delta shapes)."""
+        return self._head
+
     def role(self) -> bytes:
         """The first event: the assistant role with empty content, no token yet."""
         return (
@@ -120,8 +125,10 @@ def completion(
     finish_reason: str,
     usage_obj: dict[str, int],
     extra: dict[str, Any],
+    message: dict[str, Any] | None = None,
 ) -> bytes:
-    """A whole ``chat.completion`` object, ``extra`` (server_timing, ...) merged in."""
+    """A whole ``chat.completion`` object, ``extra`` (server_timing, ...) merged in; ``message`` replaces the
+    plain text message (reasoning, tool calls)."""
     return dumps(
         {
             "id": completion_id,
@@ -132,7 +139,8 @@ def completion(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+                    "message": message or {"role": "assistant", "content": text, "refusal": None,
+                                           "annotations": []},
                     "logprobs": None,
                     "finish_reason": finish_reason,
                 }

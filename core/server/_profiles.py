@@ -64,6 +64,7 @@ _NON_NEGATIVE = (
     "batch_turnaround_s",
 )
 _PROBABILITIES = ("error_rate", "drop_rate", "batch_fail_share")
+MAX_REASONING_TOKENS = 100_000
 
 
 def resolve_settings(*layers: Mapping[str, Any], base: ServerSettings | None = None) -> ServerSettings:
@@ -106,6 +107,7 @@ def validate_settings(settings: ServerSettings) -> None:
     _check_int(settings, "port", 0, 65535)
     _check_int(settings, "rate_limit", 0, 10**9)
     _check_int(settings, "max_concurrency", 0, 10**6)
+    _check_int(settings, "reasoning_tokens", 0, MAX_REASONING_TOKENS)
     _check_int(settings, "max_requests_per_connection", 0, 10**8)
     _check_int(settings, "embedding_dim", 1, 65536)
     _check_int(settings, "default_max_tokens", 1, 1_000_000)

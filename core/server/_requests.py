@@ -32,6 +32,8 @@ class ChatRequest:
     stop: tuple[str, ...]
     params: dict[str, Any] = field(default_factory=dict)
     """The generation parameters the request gave, echoed back as ``request_params``."""
+    tools: tuple[str, ...] = ()
+    """The function names the request's ``tools`` offer, in order (what ``--tool-call`` calls)."""
 
     @property
     def messages_key(self) -> str:
@@ -153,7 +155,8 @@ def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
     _optional(payload, "user", str, "a string")
     stop = _stop(payload.get("stop"))
     params = {name: payload[name] for name in _ECHOED if name in payload}
-    return ChatRequest(model, messages, stream, include_usage, max_tokens, seed, stop, params)
+    return ChatRequest(model, messages, stream, include_usage, max_tokens, seed, stop, params,
+                       _tool_names(payload.get("tools")))
 
 
 def parse_embeddings(payload: dict[str, Any], models: Sequence[str], max_dim: int) -> EmbeddingsRequest:
@@ -307,3 +310,15 @@ def _text_of(content: object) -> str:
     if isinstance(content, list):
         return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
+
+
+def _tool_names(tools: object) -> tuple[str, ...]:
+    """The function names of a ``tools`` list; malformed entries are skipped (the server only names one)."""
+    if not isinstance(tools, list):
+        return ()
+    names = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            names.append(fn["name"])
+    return tuple(names)

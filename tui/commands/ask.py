@@ -26,6 +26,7 @@ from llmchat.core import (
 )
 from llmchat.core import text as _text
 from llmchat.core.errors import APIError, UsageError
+from llmchat.core.http import ToolCall
 from llmchat.core.observe import TimingRecord, attach_observers
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
@@ -92,7 +93,8 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     if args.seed is not None:
         params["seed"] = args.seed
     out = _Out(sys.stdout, enabled=not args.json)
-    text = ""
+    text = reasoning = ""
+    calls: list[ToolCall] = []
     record: TimingRecord | None = None
     error: APIError | None = None
     cancelled = False
@@ -107,6 +109,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             if args.batch:
                 reply = await client.complete(messages, **params)
                 text, record = reply.text, reply.record
+                reasoning, calls = reply.reasoning, reply.tool_calls
                 out.write(text + "\n")
             else:
                 stream = client.stream(messages, **params)
@@ -117,7 +120,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
                 finally:
                     # Closed here, whatever stopped the loop (a closed pipe, Ctrl-C): never left to the GC.
                     await stream.aclose()
-                    text = stream.text
+                    text, reasoning, calls = stream.text, stream.reasoning, stream.tool_calls
         except APIError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -125,13 +128,17 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             cancelled = True
         if text and not args.batch:
             out.write("\n")  # the streamed text ends its line, whatever ended the stream
+        for call in calls:
+            # Never executed: what the model asked for is shown, one line per call.
+            out.write(f"[tool call {call.name}: {call.arguments}]\n")
         if error is not None and record is None:
             record = getattr(error, "record", None)
         if record is None and finished:
             record = finished[-1]
         attribution = None if record is None else await signals.attribute(record)
     if args.json:
-        obj: dict[str, Any] = {"reply": text}
+        obj: dict[str, Any] = {"reply": text, "reasoning": reasoning,
+                               "tool_call_list": [c.to_dict() for c in calls]}
         if record is not None and attribution is not None:
             obj.update(record.summary())
             obj["attribution"] = attribution.to_dict()

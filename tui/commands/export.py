@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("conversation", metavar="ID", help="a conversation number, or `last` for the latest one")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown",
                    help="markdown: the conversation; json: one timing record per reply (default: markdown)")
+    p.add_argument("--thinking", action="store_true",
+                   help="include each reply's reasoning (a reasoning model's thinking); tool calls are always in")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (mode 0600) instead of stdout")
     p.set_defaults(func=run)
 
@@ -37,14 +39,16 @@ def _parse_id(text: str) -> int | None:
     return value
 
 
-async def _render(store: HistoryStore, conv_id: int | None, fmt: str) -> str:
+async def _render(store: HistoryStore, conv_id: int | None, fmt: str, thinking: bool = False) -> str:
     async with store:
         if conv_id is None:
             conv_id = await store.last_conversation_id()
             if conv_id is None:
                 raise UsageError("export: the history is empty; chat first, then export `last`")
         conv = await store.load(conv_id)
-    return export_records_json(conv) if fmt == "json" else export_markdown(conv)
+    if fmt == "json":
+        return export_records_json(conv, thinking=thinking)
+    return export_markdown(conv, thinking=thinking)
 
 
 def _write_private(path: str, text: str) -> None:
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if not store.path.exists():
         # Opening would create an empty history just to say it is empty.
         raise UsageError(f"export: no history yet at {store.path}; chat first, then export")
-    text = asyncio.run(_render(store, conv_id, args.format))
+    text = asyncio.run(_render(store, conv_id, args.format, args.thinking))
     if args.output:
         _write_private(args.output, text)
     else:

@@ -255,9 +255,10 @@ class Conversation(VerticalScroll):
 
     def messages(self) -> list[UserMessage | ChatMessage]:
         """The messages in order."""
-        return [child for child in self.children if isinstance(child, UserMessage | ChatMessage)]
+        return [child for child in self.children
+                if isinstance(child, UserMessage) or (isinstance(child, ChatMessage) and not child.ASIDE)]
 
     def last_reply(self) -> ChatMessage | None:
         """The most recent assistant reply, if any."""
-        replies = [child for child in self.children if isinstance(child, ChatMessage)]
+        replies = [child for child in self.children if isinstance(child, ChatMessage) and not child.ASIDE]
         return replies[-1] if replies else None

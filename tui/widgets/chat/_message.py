@@ -14,7 +14,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns, thread_time_ns
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from rich.segment import Segment
 from rich.style import Style
@@ -122,6 +122,10 @@ class ChatMessage(FrozenLines):
         margin: 0 0 1 0;
     }
     """
+
+    ASIDE: ClassVar[bool] = False
+    """True for a widget that streams like a reply but is not one (a reply's thinking): the conversation's
+    ``messages()`` and ``last_reply()`` leave it out."""
 
     class RenderLag(Message):
         """Time from the arrival of the oldest delta in a frame to that frame being on screen.

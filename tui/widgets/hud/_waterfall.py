@@ -3,7 +3,10 @@
 Each row's bar sits where that phase happened between t0 and the end, so the bars tile the request. The
 figures are the standard ones (TTFB and TTFT count from t0, as everywhere in llmchat); the bars of TTFB, TTFT
 and streaming are the stretch in which that milestone was reached: waiting for the server after sending,
-waiting for the first token after the headers, and receiving the rest.
+waiting for the first token after the headers, and receiving the rest. A reply that thought has its TTFT bar
+in two colours, think then answer: waiting for the first reasoning token, then (in the accent colour) the
+thinking up to the first answer token, and the header says ``thought 2022 ms`` in the same colour. No row of its
+own: the HUD's height is fixed, and a row for the few models that think would cost every user a line.
 
 No target colours here: the charts above say whether the request met its target, with the target beside the
 verdict; a bar's colour would say it again without the reason.
@@ -21,6 +24,8 @@ from llmchat.tui.numbers import duration, plural
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE, WARN_STYLE
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
+THINK_STYLE = "$accent"
+"""The thinking's colour: its part of the TTFT bar, and ``thought N ms`` in the header."""
 _NAME_W = 8
 _VALUE_W = 9
 #: Header plus one row per phase.
@@ -32,6 +37,8 @@ class _Row(NamedTuple):
     value_ms: float | None
     start_ns: int | None
     end_ns: int | None
+    split_ns: int | None = None
+    """Where the bar turns to the accent colour (the thinking in the TTFT row)."""
 
 
 def bar(start: float, end: float, width: int) -> str:
@@ -61,10 +68,16 @@ def _rows(record: TimingRecord) -> list[_Row]:
         _Row("tls", record.tls_ms, p.tls_start_ns, p.tls_end_ns),
         _Row("send", record.send_ms, p.send_start_ns, p.send_end_ns),
         _Row("ttfb", record.ttfb_ms, sent, p.headers_ns),
-        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first),
+        _Row("ttft", record.ttft_ms if stream else None, p.headers_ns, first, _thinking_start(record)),
         _Row("stream", streaming_ms if stream else None, first, end),
         _Row("total", record.total_ms, record.t0_ns, end),
     ]
+
+
+def _thinking_start(record: TimingRecord) -> int | None:
+    """The first reasoning token, when the reply thought before its first answer token."""
+    think, first = record.first_reasoning_ns, record.first_token_ns
+    return think if think is not None and first is not None and think < first else None
 
 
 def header(record: TimingRecord) -> Content:
@@ -88,6 +101,8 @@ def header(record: TimingRecord) -> Content:
         parts += [" · ", (outcome, MISS_STYLE if failed else MUTED_STYLE if record.cancelled else "")]
     if record.retries:
         parts += [" · ", (plural(len(record.retries), "retry"), WARN_STYLE)]
+    if record.mode == "stream" and record.thinking_ms is not None:
+        parts += [" · ", (f"thought {duration(record.thinking_ms)}", THINK_STYLE)]
     return Content.assemble(*parts)
 
 
@@ -105,8 +120,13 @@ def render_waterfall(record: TimingRecord | None, width: int) -> Content:
             f"{row.name:<{_NAME_W}}", f"{duration(row.value_ms):>{_VALUE_W}}",
         ]
         if row.value_ms is not None and row.start_ns is not None and row.end_ns is not None and span > 0:
-            drawn = bar((row.start_ns - t0) / span, (row.end_ns - t0) / span, bar_w)
-            cells += [" ", (drawn, "$primary")]
+            start, end = (row.start_ns - t0) / span, (row.end_ns - t0) / span
+            if row.split_ns is None:
+                cells += [" ", (bar(start, end, bar_w), "$primary")]
+            else:
+                split = (row.split_ns - t0) / span
+                waiting = bar(start, split, bar_w)
+                cells += [" ", (waiting, "$primary"), (bar(split, end, bar_w)[len(waiting):], THINK_STYLE)]
         lines.append(Content.assemble(*cells))
     return Content("\n").join(lines)
 
