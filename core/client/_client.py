@@ -20,18 +20,28 @@ from typing import Any
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
-from llmchat.core.http import Endpoint, SSEDecoder, Transport, WireResponse
+from llmchat.core.http import Endpoint, SSEDecoder, Transport, WireResponse, read_headroom
 from llmchat.core.observe import (
     Bus,
     Chunk,
     FirstToken,
     Phases,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
     TimingRecord,
 )
-from llmchat.core.policy import ReplyCache, RetryEvent, call_with_retries, replay_chunks
+from llmchat.core.policy import (
+    Hold,
+    ProviderLimiter,
+    RateLimits,
+    ReplyCache,
+    RetryEvent,
+    call_with_retries,
+    estimate_tokens,
+    replay_chunks,
+)
 from llmchat.core.text import SurrogateJoiner
 
 Message = Mapping[str, Any]
@@ -164,7 +174,9 @@ class ChatClient:
     Build it from ``Settings`` (``ChatClient(settings, provider="groq")``) or from keywords
     (``ChatClient(base_url="http://127.0.0.1:8000/v1", http2="h2c")``). Every request makes a
     ``TimingRecord`` and publishes it on ``bus``. Errors are llmchat's typed ``APIError`` family, each with a
-    one-line message; a reply cut short keeps its text in the error's ``partial_text``.
+    one-line message; a reply cut short keeps its text in the error's ``partial_text``. With ``limits`` (the
+    process's ``RateLimits``) each attempt first takes its share of the provider's buckets, and waits there
+    when they are empty (a ``RateLimitHeld`` on the bus, ``record.limit_wait_ns``); without, nothing waits.
     """
 
     def __init__(
@@ -182,6 +194,7 @@ class ChatClient:
         use_cache: bool = True,
         retry: RetrySettings | None = None,
         env: Mapping[str, str] | None = None,
+        limits: RateLimits | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.endpoint, default_model = endpoint_from_settings(
@@ -196,6 +209,7 @@ class ChatClient:
             ReplyCache(self.settings.cache) if self._own_cache else None
         )
         self._transport: Transport | None = None
+        self.limiter: ProviderLimiter | None = None if limits is None else limits.get(self.endpoint.name)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> ChatClient:
@@ -255,12 +269,19 @@ class ChatClient:
 
     # -- requests --------------------------------------------------------------------------------------------
     async def _open(
-        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str
+        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str,
+        max_tokens: int | None = None,
     ) -> tuple[AsyncExitStack, WireResponse]:
         """Send with retries until a response with a success status is open; returns it with its closer."""
+        limiter = self.limiter
 
         async def send(attempt: int) -> tuple[AsyncExitStack, WireResponse]:
             record.attempts = attempt
+            hold = None
+            if limiter is not None:
+                hold = limiter.reserve(estimate_tokens(body, max_tokens))
+                if hold.wait_s > 0:
+                    await self._hold(limiter, hold, record)
             record.phases = Phases()
             stack = AsyncExitStack()
             try:
@@ -269,6 +290,13 @@ class ChatClient:
                 )
                 record.status = resp.status
                 record.http_version = resp.http_version
+                headroom = read_headroom(resp.headers)
+                if headroom is not None:
+                    record.headroom = headroom
+                    if limiter is not None:
+                        limiter.observe(hold, headroom)
+                if resp.status == 429 and limiter is not None:
+                    limiter.throttled(resp.headers)
                 if resp.status >= 400:
                     data = await resp.aread()
                     raise await self._status_error(resp, data, model)
@@ -295,6 +323,19 @@ class ChatClient:
             return await send(attempt)
 
         return await call_with_retries(resend, self.retry, on_retry=on_retry)
+
+    async def _hold(self, limiter: ProviderLimiter, hold: Hold, record: TimingRecord) -> None:
+        """Wait out the limiter's hold before an attempt, said on the bus first; the time it took is the
+        record's ``limit_wait_ns`` (attribution's "client rate limit", never TTFB)."""
+        self.bus.publish(RateLimitHeld(record, hold))
+        t = time.perf_counter_ns()
+        try:
+            await asyncio.sleep(hold.wait_s)
+        except BaseException:
+            limiter.release(hold)
+            raise
+        finally:
+            record.limit_wait_ns += time.perf_counter_ns() - t
 
     async def _status_error(
         self, resp: WireResponse, data: bytes, model: str, *, listing: bool = False
@@ -370,7 +411,8 @@ class ChatClient:
             t = time.perf_counter_ns()
             body = wire.chat_body(m, messages, params, stream=False)
             record.encode_ns = time.perf_counter_ns() - t
-            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m)
+            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m,
+                                           max_tokens=_max_tokens(params))
             async with stack:
                 data = await resp.aread()
             t = time.perf_counter_ns()
@@ -562,7 +604,8 @@ class ChatStream:
         t = time.perf_counter_ns()
         body = wire.chat_body(self.model, self.messages, self.params, stream=True)
         record.encode_ns = time.perf_counter_ns() - t
-        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model)
+        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model,
+                                         max_tokens=_max_tokens(self.params))
         _server_reports(record, resp, None)
         async with stack:
             ctype = resp.headers.get("content-type", "")
@@ -667,6 +710,11 @@ def _server_reports(record: TimingRecord, resp: WireResponse, timings: dict[str,
             pass  # a malformed header is no reason to fail a reply
     if timings:
         record.server_reported = timings
+
+
+def _max_tokens(params: Mapping[str, Any]) -> int | None:
+    value = params.get("max_completion_tokens", params.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error_line(data: str) -> str:

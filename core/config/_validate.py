@@ -84,6 +84,9 @@ RULES: dict[str, Rule] = {
         "an http:// or https:// URL, or empty", lambda v: v == "" or _is_http_url(v)
     ),
     "providers.*.metrics_interval_s": _POSITIVE_SECONDS,
+    "providers.*.rate_limit_rpm": _NON_NEGATIVE_INT,
+    "providers.*.rate_limit_tpm": _NON_NEGATIVE_INT,
+    "providers.*.batch_discount": Rule("a share from 0 to 1 (0.5 is half price)", lambda v: 0 <= v <= 1),
     "retry.max_attempts": _POSITIVE_INT,
     "retry.base_delay_s": _NON_NEGATIVE_SECONDS,
     "retry.max_delay_s": _NON_NEGATIVE_SECONDS,
@@ -117,6 +120,8 @@ RULES: dict[str, Rule] = {
     "server.cold_start_ms": _NON_NEGATIVE_MS,
     "server.idle_unload_s": _NON_NEGATIVE_SECONDS,
     "server.rate_limit": _NON_NEGATIVE_INT,
+    "server.rate_limit_tokens": _NON_NEGATIVE_INT,
+    "server.rate_limit_window_s": _POSITIVE_SECONDS,
     "server.error_rate": _PROBABILITY,
     "server.drop_rate": _PROBABILITY,
     "server.stall_ms": _NON_NEGATIVE_MS,

@@ -4,6 +4,7 @@ decoder and OpenAI's request and reply shapes.
 
 from __future__ import annotations
 
+from llmchat.core.http._ratelimit import parse_reset, read_headroom
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
 from llmchat.core.http._transport import Endpoint, Transport, WireResponse
 
@@ -13,4 +14,6 @@ __all__ = [
     "ServerSentEvent",
     "Transport",
     "WireResponse",
+    "parse_reset",
+    "read_headroom",
 ]

@@ -19,6 +19,7 @@ from llmchat.core.observe._bus import (
     Bus,
     Chunk,
     FirstToken,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
@@ -28,7 +29,7 @@ from llmchat.core.observe._bus import (
 from llmchat.core.observe._coldstart import Baseline, ColdStartDetector
 from llmchat.core.observe._prometheus import LATENCY_BUCKETS, load_prometheus_client, start_exporter
 from llmchat.core.observe._requestlog import RequestLog, attach_observers
-from llmchat.core.observe._timing import Phases, TimingRecord, percentile
+from llmchat.core.observe._timing import Headroom, Phases, TimingRecord, percentile
 from llmchat.core.observe._window import (
     REQUEST_SERIES,
     ConnectionState,
@@ -50,12 +51,14 @@ __all__ = [
     "ConnectionState",
     "FirstToken",
     "GROUPS",
+    "Headroom",
     "LATENCY_BUCKETS",
     "Metrics",
     "PARTS",
     "Part",
     "Phases",
     "REQUEST_SERIES",
+    "RateLimitHeld",
     "RequestDone",
     "RequestLog",
     "RequestStarted",
