@@ -209,6 +209,7 @@ class ChatClient:
             ReplyCache(self.settings.cache) if self._own_cache else None
         )
         self._transport: Transport | None = None
+        self.limits = limits
         self.limiter: ProviderLimiter | None = None if limits is None else limits.get(self.endpoint.name)
 
     # -- lifecycle ------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from llmchat.core.http import Transport, WireResponse
 from llmchat.core.load._prompts import PromptPlan
 from llmchat.core.load._stats import SLO, Tally
 from llmchat.core.observe import Attribution, Bus, ColdStartDetector, TimingRecord, attribute
+from llmchat.core.policy import RateLimits
 
 Mode = Literal["stream", "batch"]
 
@@ -183,6 +184,9 @@ class Target:
     """One bus for every configuration's client (``--metrics-port`` watches it); None gives each its own."""
     api_key_env: str | None = None
     """Send the key held in this environment variable (``--api-key-env``)."""
+    limits: RateLimits | None = None
+    """The client-side rate limiter every configuration's client shares (``--rate-limit-client``); None sends
+    at the load's own pace, into the provider's limit if it has one (a load test may want to hit it)."""
 
 
 @dataclass(slots=True)
@@ -254,7 +258,8 @@ def make_client(name: str, target: Target, cache_dir: str, *, connections: int |
     settings = dataclasses.replace(settings, cache=cache)
     retry = dataclasses.replace(settings.retry, max_attempts=1) if "noretry" in parts else None
     client = ChatClient(settings, provider=target.provider, base_url=target.base_url, model=target.model,
-                        http2=target.http2, retry=retry, bus=target.bus, api_key_env=target.api_key_env)
+                        http2=target.http2, retry=retry, bus=target.bus, api_key_env=target.api_key_env,
+                        limits=target.limits)
     http = client.endpoint.http
     size = target.max_connections if target.max_connections is not None else connections
     if size is not None:

@@ -25,6 +25,7 @@ from llmchat.core.load import (
     split_lines,
 )
 from llmchat.core.observe import TimingRecord, attach_observers
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
@@ -114,7 +115,8 @@ async def _run(args: argparse.Namespace, settings: Settings, todo: list[Job], ou
                base_url: str | None, http2: Http2Mode | None, summary: JobSummary) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
     async with ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
-                          http2=http2, api_key_env=args.api_key_env) as client:
+                          http2=http2, api_key_env=args.api_key_env,
+                          limits=RateLimits.from_settings(settings.providers)) as client:
         observers = attach_observers(client.bus, settings)
         try:
             return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)

@@ -10,6 +10,7 @@ import argparse
 
 from llmchat.core import ChatClient, load_settings
 from llmchat.core.history import HistoryStore
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
         offline = Offline(base_url) if base_url and not args.base_url else None
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
-                            model=args.model or model, http2=http2, api_key_env=args.api_key_env)
+                            model=args.model or model, http2=http2, api_key_env=args.api_key_env,
+                            limits=RateLimits.from_settings(settings.providers))
         # Named on the command line: a conversation resumed at start goes on with these, not its own.
         pinned = bool(args.provider or args.model or args.base_url)
         app = make_app(settings=settings, client=client, store=HistoryStore(),
