@@ -15,9 +15,15 @@ from llmchat.core.errors import UsageError
 from llmchat.core.server import PROFILES, resolve_settings
 from llmchat.core.server._encode import ChunkTemplate
 from llmchat.core.server._faults import ColdStarts, FaultDice, RateLimiter, format_reset
-from llmchat.core.server._replies import chat_charge, count_prompt_tokens
 from llmchat.core.server._http import Exchange
-from llmchat.core.server._replies import Reply, build_reply, count_tokens, tokenize
+from llmchat.core.server._replies import (
+    Reply,
+    build_reply,
+    chat_charge,
+    count_prompt_tokens,
+    count_tokens,
+    tokenize,
+)
 
 
 @given(st.text())

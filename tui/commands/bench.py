@@ -26,7 +26,6 @@ from llmchat.core import BaselineStore, Bus, ColdStartDetector, __version__, loa
 from llmchat.core.client import summarize_snapshots
 from llmchat.core.config import LogSettings
 from llmchat.core.errors import UsageError
-from llmchat.core.policy import RateLimits
 from llmchat.core.load import (
     CLIENT_ERRORS,
     CONFIGS,
@@ -40,6 +39,7 @@ from llmchat.core.load import (
     parse_configs,
 )
 from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
