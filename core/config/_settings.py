@@ -142,6 +142,9 @@ class UISettings:
     """Batch mode: a total latency above this is coloured as a miss."""
     stall_s: float = 3.0
     """Show a stall badge when no token has arrived for this many seconds."""
+    headroom_warn: float = 0.1
+    """Colour the HUD's rate-limit line of requests or tokens when less than this share of the provider's limit
+    is left (0.1: under 10 %), with the share beside the colour."""
     hud_history: int = 60
     """How many recent requests the HUD charts and percentiles cover."""
     show_hud: bool = True

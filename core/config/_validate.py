@@ -100,6 +100,7 @@ RULES: dict[str, Rule] = {
     "ui.sla_ttft_ms": _POSITIVE_MS,
     "ui.sla_total_ms": _POSITIVE_MS,
     "ui.stall_s": _POSITIVE_SECONDS,
+    "ui.headroom_warn": _PROBABILITY,
     "ui.hud_history": _POSITIVE_INT,
     "ui.temperature": Rule("a number from 0 to 2", lambda v: 0 <= v <= 2),
     "ui.max_tokens": _POSITIVE_INT,
