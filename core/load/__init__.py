@@ -1,7 +1,19 @@
-"""Load through the engine: bench scenarios and their statistics, bulk jobs, the Locust user."""
+"""Load through the engine: bench scenarios and their statistics, bulk jobs and their cost model, the Locust
+user."""
 
 from __future__ import annotations
 
+from llmchat.core.load._estimate import (
+    ASSUMED_OUTPUT,
+    DEFAULT_WINDOW_S,
+    Actuals,
+    Duration,
+    Estimate,
+    PathEstimate,
+    SampleStats,
+    estimate,
+    measure_sample,
+)
 from llmchat.core.load._jobs import (
     Job,
     JobSummary,
@@ -29,27 +41,36 @@ from llmchat.core.load._stats import (
 )
 
 __all__ = [
+    "ASSUMED_OUTPUT",
+    "Actuals",
     "CLIENT_ERRORS",
     "CONFIGS",
     "ConfigStats",
+    "DEFAULT_WINDOW_S",
+    "Duration",
     "EXACT_LIMIT",
+    "Estimate",
     "Job",
     "JobSummary",
     "LoadRun",
     "METRICS",
     "METRIC_NAMES",
     "OutputLock",
+    "PathEstimate",
     "PromptPlan",
     "QUANTILES",
     "RELATIVE_ERROR",
     "SLO",
     "Sample",
+    "SampleStats",
     "Scenario",
     "Target",
     "check_output",
     "compare_rows",
     "drop_failed",
+    "estimate",
     "open_output",
+    "measure_sample",
     "parse_configs",
     "read_done",
     "read_jobs",

@@ -107,6 +107,10 @@ class Price(NamedTuple):
     input_per_mtok: float
     output_per_mtok: float
 
+    def cost(self, prompt_tokens: float, output_tokens: float) -> float:
+        """What that many tokens in and out cost at this price."""
+        return (prompt_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionState:
@@ -583,8 +587,7 @@ class Metrics:
         if record.cache_hit:
             cost = 0.0  # answered from the disk cache: nothing was billed
         elif record.usage_from_server and record.prompt_tokens is not None:
-            cost = (record.prompt_tokens * price.input_per_mtok
-                    + record.output_tokens * price.output_per_mtok) / 1_000_000
+            cost = price.cost(record.prompt_tokens, record.output_tokens)
         else:
             # No usage from the server (an error, a cancel, a server that does not send it): a guess from
             # chunk counts would look exact and be wrong, so it is counted as unknown instead.
