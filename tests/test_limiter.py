@@ -16,6 +16,7 @@ from llmchat.core.http import parse_reset, read_headroom
 from llmchat.core.load import read_jobs, run_jobs
 from llmchat.core.observe import Headroom, RateLimitHeld, RequestDone, TimingRecord, attribute
 from llmchat.core.policy import ProviderLimiter, RateLimits, estimate_tokens
+from llmchat.core.policy._limiter import NEAR_S
 from llmchat.core.server._run import RunningServer
 
 Factory = Callable[..., RunningServer]
@@ -60,9 +61,10 @@ def test_a_configured_bucket_holds_past_its_burst_then_paces() -> None:
     clock = Clock()
     limiter = ProviderLimiter("p", rpm=60, clock=clock)  # one a second, a burst of 60
     waits = [limiter.reserve().wait_s for _ in range(62)]
-    assert waits[:60] == [0.0] * 60
-    assert waits[60] == pytest.approx(1.0) and waits[61] == pytest.approx(2.0)  # queued in order
-    assert limiter.holds == 2
+    # The last of the burst waits for the cushion (NEAR_S of refill), then one a second, queued in order.
+    assert waits[:59] == [0.0] * 59
+    assert waits[59:] == pytest.approx([NEAR_S, 1 + NEAR_S, 2 + NEAR_S])
+    assert limiter.holds == 3
     clock.now += 10.0
     assert limiter.reserve().wait_s == 0.0  # refilled
 
@@ -72,20 +74,39 @@ def test_an_unknown_limit_never_holds_until_the_headers_tell_one() -> None:
     limiter = ProviderLimiter("p", clock=clock)
     first = limiter.reserve()
     assert first.wait_s == 0.0 and not limiter.active
-    # The provider: 10 per 2 s (reset = time to full), 9 left after this request; 3 more were sent since.
+    # The provider: 10, refilled 5 a second (reset = time to full), 9 left after this request; 3 more were
+    # sent since, which it may not have counted yet.
     sent = [limiter.reserve() for _ in range(3)]
     limiter.observe(first, Headroom(limit_requests=10, remaining_requests=9, reset_requests_s=0.2))
     assert limiter.active and limiter.requests.capacity == 10
     assert limiter.requests.level == pytest.approx(6.0)
     assert limiter.requests.rate == pytest.approx(5.0)  # (10 - 9) / 0.2 s
-    assert [limiter.reserve().wait_s for _ in range(6)] == [0.0] * 6
-    assert limiter.reserve().wait_s == pytest.approx(0.2)
-    # A reply to an older request than one already counted is stale and changes nothing.
-    limiter.observe(sent[2], Headroom(limit_requests=10, remaining_requests=6, reset_requests_s=0.8))
+    waits = [limiter.reserve().wait_s for _ in range(7)]
+    assert waits[:5] == [0.0] * 5 and waits[5:] == pytest.approx([NEAR_S, 0.2 + NEAR_S])
+    # A reply that says the provider has less than this process thought lowers the level...
+    limiter.observe(sent[2], Headroom(limit_requests=10, remaining_requests=3, reset_requests_s=1.4))
     level = limiter.requests.level
-    assert level == pytest.approx(6 - 7)  # seven reserved after that request
+    assert level == pytest.approx(3 - 7)  # seven reserved after that request
+    # ...and a reply to an older request than one already counted is stale and changes nothing.
     limiter.observe(sent[0], Headroom(limit_requests=10, remaining_requests=10, reset_requests_s=0.0))
     assert limiter.requests.level == level
+
+
+def test_a_clean_reading_brings_the_level_back_up_one_request_short_of_it() -> None:
+    clock = Clock()
+    limiter = ProviderLimiter("p", rpm=60, clock=clock)
+    for _ in range(60):
+        limiter.reserve()
+    paced = limiter.reserve()  # alone: nothing else goes out within NEAR_S of it
+    clock.now = paced._sent_at
+    paced = limiter.sent(paced)
+    assert limiter.requests.level == pytest.approx(-1.0)
+    # The provider had more left than that (say another key's traffic stopped counting against it).
+    limiter.observe(paced, Headroom(limit_requests=60, remaining_requests=20, reset_requests_s=40.0))
+    assert limiter.requests.level == pytest.approx(19.0)
+    noisy = [limiter.reserve() for _ in range(2)]  # sent together: their readings may be off either way
+    limiter.observe(noisy[0], Headroom(limit_requests=60, remaining_requests=50, reset_requests_s=10.0))
+    assert limiter.requests.level == pytest.approx(17.0)  # not raised
 
 
 def test_tokens_are_a_bucket_of_their_own_and_a_429_blocks_for_retry_after() -> None:
@@ -93,8 +114,8 @@ def test_tokens_are_a_bucket_of_their_own_and_a_429_blocks_for_retry_after() -> 
     limiter = ProviderLimiter("p", tpm=600, clock=clock)  # 10 tokens a second
     assert limiter.reserve(500).wait_s == 0.0
     held = limiter.reserve(200)
-    assert held.reason == "tokens" and held.wait_s == pytest.approx(10.0)
-    assert held.describe() == "client rate limit 10.0 s (tokens)"
+    assert held.reason == "tokens" and held.wait_s == pytest.approx(10.0 + NEAR_S)
+    assert held.describe() == f"client rate limit {held.wait_s:.1f} s (tokens)"
     other = ProviderLimiter("q", clock=clock)
     other.throttled({"retry-after-ms": "1500"})
     blocked = other.reserve()
@@ -120,12 +141,12 @@ def test_a_hold_is_its_own_part_and_never_in_ttfb() -> None:
 
 
 async def _batch(server: RunningServer, tmp_path: Path, n: int, *, limits: RateLimits | None,
-                 ) -> tuple[list[TimingRecord], list[Any], Any]:
+                 max_tokens: int = 4) -> tuple[list[TimingRecord], list[Any], Any]:
     settings = Settings(cache=CacheSettings(policy="off", path=str(tmp_path / "cache")),
                         batch=BatchSettings(max_size=10, window_ms=1.0, concurrency=8))
     # Today's retry path as it stands, with waits short enough for a test: the server's Retry-After is kept.
     retry = RetrySettings(max_attempts=8, base_delay_s=0.05, max_delay_s=5.0, total_budget_s=30.0)
-    jobs, bad = read_jobs([f'{{"id": {i}, "prompt": "line {i}", "max_tokens": 4}}' for i in range(n)])
+    jobs, bad = read_jobs([f'{{"id": {i}, "prompt": "line {i}", "max_tokens": {max_tokens}}}' for i in range(n)])
     assert not bad
     records: list[TimingRecord] = []
     held: list[Any] = []
@@ -164,17 +185,18 @@ async def test_the_limiter_finishes_a_batch_of_four_times_the_limit_without_a_42
 async def test_token_headers_come_from_the_server_and_steer_the_limiter(
     server_factory: Factory, tmp_path: Path
 ) -> None:
-    # 400 tokens per 0.5 s; each request is charged its prompt and max_tokens 4 (about 15 tokens).
-    server = server_factory(profile="instant", rate_limit_tokens=400, rate_limit_window_s=0.5)
+    # 1,000 tokens a second; each request is charged its prompt and max_tokens 100 (about 110 tokens), so 30
+    # of them need over 2 s of refills whatever the machine's speed.
+    server = server_factory(profile="instant", rate_limit_tokens=1000, rate_limit_window_s=1.0)
     limits = RateLimits()
-    records, held, summary = await _batch(server, tmp_path, 60, limits=limits)
-    assert summary.ok == 60
+    records, held, summary = await _batch(server, tmp_path, 30, limits=limits, max_tokens=100)
+    assert summary.ok == 30
     assert 429 not in [e.status for r in records for e in r.retries]
     first = records[0].headroom
-    assert first is not None and first.limit_tokens == 400 and first.limit_requests is None
-    assert first.remaining_tokens is not None and first.remaining_tokens < 400
-    assert any(h.reason == "tokens" for h in held)
-    assert records[0].summary()["ratelimit"]["limit_tokens"] == 400
+    assert first is not None and first.limit_tokens == 1000 and first.limit_requests is None
+    assert first.remaining_tokens is not None and first.remaining_tokens < 1000
+    assert any(h.reason == "tokens" for h in held), [(h.reason, h.wait_s) for h in held]
+    assert records[0].summary()["ratelimit"]["limit_tokens"] == 1000
 
 
 def test_rate_limits_are_validated_and_sized_from_the_providers() -> None:

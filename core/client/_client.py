@@ -283,6 +283,7 @@ class ChatClient:
                 hold = limiter.reserve(estimate_tokens(body, max_tokens))
                 if hold.wait_s > 0:
                     await self._hold(limiter, hold, record)
+                hold = limiter.sent(hold)
             record.phases = Phases()
             stack = AsyncExitStack()
             try:

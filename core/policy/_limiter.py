@@ -4,10 +4,16 @@ slows down before the provider's wall instead of running into a storm of 429s an
 Each bucket starts from the config (``providers.NAME.rate_limit_rpm`` / ``rate_limit_tpm``: capacity, and a
 refill of that much per minute) and is corrected by every reply's ``x-ratelimit-*`` headers: the provider's
 limit becomes the capacity, and what the provider says remains (less what this process sent since the request
-that reply answers) becomes the level. A provider that says how long until it is full again (the reset) tells
+that reply answers) sets the level. A provider that says how long until it is full again (the reset) tells
 the refill rate too: ``(limit - remaining) / reset``; the smallest of the recent such readings is kept, since
 rounding (remaining is floored, the reset rounded up) can only make one reading too fast. A bucket that knows
 no limit (none configured, none sent) never holds anything back.
+
+A reply's count is noisy when requests went out together: they may reach the provider in another order,
+which moves the reading either way by up to that many. Any reading lowers the level; only a clean one (no
+other request sent within ``NEAR_S`` of it, as when the limiter paces them) raises it, to one request short
+of it, bringing back what a burst's noisy readings took; the first reading sets it however noisy, as
+cautiously as it can (every other request sent so far counted as not yet seen by the provider).
 
 ``reserve`` is synchronous and takes the request's share at once (a reservation, as in GCRA): it returns how
 long the caller must wait before sending, so concurrent callers queue in order without a lock, and the wait
@@ -17,6 +23,7 @@ for the server's Retry-After. Clocks: ``time.monotonic`` by default (a parameter
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -31,6 +38,14 @@ __all__ = ["Hold", "ProviderLimiter", "RateLimits", "estimate_tokens"]
 _MINUTE_S = 60.0
 #: How many recent rate readings the bucket keeps (their minimum is its rate).
 _READINGS = 32
+#: Requests sent closer together than this may reach the provider in either order.
+NEAR_S = 0.05
+#: How many recent reservations' send times are kept to tell that.
+_SENDS = 64
+#: A clean reading raises the level to this much below it, never to it.
+_RAISE_MARGIN = 1.0
+#: How many recent level readings it keeps (their most cautious is its level).
+_LEVELS = 8
 
 
 def estimate_tokens(body: bytes | None, max_tokens: int | None) -> int:
@@ -43,7 +58,7 @@ def estimate_tokens(body: bytes | None, max_tokens: int | None) -> int:
 class _Bucket:
     """One token bucket. ``capacity`` 0: no limit known, never holds."""
 
-    __slots__ = ("capacity", "level", "stamp", "_readings", "_configured_rate", "taken")
+    __slots__ = ("capacity", "level", "stamp", "_readings", "_levels", "_configured_rate", "taken")
 
     def __init__(self, per_minute: int, now: float) -> None:
         self.capacity = float(per_minute)
@@ -51,6 +66,7 @@ class _Bucket:
         self.stamp = now
         self._configured_rate = per_minute / _MINUTE_S
         self._readings: deque[float] = deque(maxlen=_READINGS)
+        self._levels: deque[float] = deque(maxlen=_LEVELS)
         self.taken = 0
         """Everything ever reserved: a reply's headers are corrected for what was taken after its request."""
 
@@ -71,20 +87,48 @@ class _Bucket:
         A request larger than the whole bucket waits for a full one, never forever."""
         if self.capacity <= 0:
             return 0.0
-        need = min(amount, self.capacity) - self.level
+        # A cushion of NEAR_S of refill: the provider counts a request when its handler runs, which a busy
+        # server does late for one request and not for the next, so two requests sent 1/rate apart can be
+        # counted closer together than that.
+        need = min(amount, self.capacity) + self.rate * NEAR_S - self.level
         return 0.0 if need <= 0 else need / max(self.rate, 1e-9)
 
     def correct(self, limit: int | None, remaining: int | None, reset_s: float | None, taken_after: int,
-                now: float) -> None:
+                now: float, counted_at: float | None = None, near: int = 0, before: int = 0) -> None:
+        """Correct from a reply's headers. ``near``: how many other requests went out so close to this one
+        that either may have reached the provider first (then the reading may be off by that many);
+        ``before``: what was taken before the request, which the provider may not have counted yet either."""
+        learning = self.capacity <= 0
         if limit is not None and limit > 0:
             if limit != self.capacity:
                 self._readings.clear()  # a new limit: the old readings measured another bucket
             self.capacity = float(limit)
             if remaining is not None and reset_s is not None and reset_s > 0 and limit > remaining:
                 self._readings.append((limit - remaining) / reset_s)
-        if remaining is not None and self.capacity > 0:
-            self.refill(now)
-            self.level = min(self.capacity, float(remaining) - taken_after)
+        if remaining is None or self.capacity <= 0:
+            return
+        self.refill(now)
+        # The provider floors what remains; the reset (time to full) says the fraction too: its level is
+        # capacity - reset * rate, within [remaining, remaining + 1).
+        level = float(remaining)
+        if reset_s is not None and self.rate > 0:
+            level = min(max(level, self.capacity - reset_s * self.rate), level + 1.0)
+        # What this process reserved after the request is not in that count yet; and the provider counted
+        # when the request arrived (about when it was sent, ``counted_at``), so it has refilled since.
+        level -= taken_after
+        if counted_at is not None and now > counted_at:
+            # Less NEAR_S of it: the request reached the provider somewhat after it left, and a count taken
+            # later than thought would make the bucket fuller than it is.
+            level += max(0.0, now - counted_at - NEAR_S) * self.rate
+        if learning:
+            # Every other request sent so far may not be counted yet (they reach the provider in any order).
+            self.level = min(self.capacity, level - before)
+        elif level < self.level:
+            self.level = level  # the provider has less than this process thought: another client, or drift
+        elif near == 0:
+            # A clean reading brings back what noisy ones took, one request short of it: a reply whose
+            # request reached the provider late (a busy loop) reads fuller than the bucket is.
+            self.level = min(self.capacity, max(self.level, level - _RAISE_MARGIN))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +142,9 @@ class Hold:
     tokens: int
     _requests_seq: int
     _tokens_seq: int
+    _sent_at: float = 0.0
+    """The limiter's clock when the request goes out (planned: reserved plus the wait; ``sent`` makes it
+    the actual moment)."""
 
     def describe(self) -> str:
         """``client rate limit 1.2 s (requests)``: the status line and the bus event's text."""
@@ -116,6 +163,7 @@ class ProviderLimiter:
         self.tokens = _Bucket(tpm, now)
         self._blocked_until = 0.0
         self._observed = 0  # the reservation whose reply last corrected the buckets: older replies are stale
+        self._sends: deque[float] = deque(maxlen=_SENDS)  # when the last reservations go out, by sequence
         self.holds = 0
         """How many reservations had to wait."""
         self.held_s = 0.0
@@ -146,10 +194,16 @@ class ProviderLimiter:
                 t.level -= tokens
         self.requests.taken += 1
         self.tokens.taken += tokens
+        self._sends.append(now + wait)
         if wait > 0:
             self.holds += 1
             self.held_s += wait
-        return Hold(self.provider, wait, reason, tokens, self.requests.taken, self.tokens.taken)
+        return Hold(self.provider, wait, reason, tokens, self.requests.taken, self.tokens.taken, now + wait)
+
+    def sent(self, hold: Hold) -> Hold:
+        """``hold`` as its request actually goes out (after its wait, which a busy loop can overrun): the
+        moment its reply's count is reckoned from."""
+        return dataclasses.replace(hold, _sent_at=self._clock())
 
     def release(self, hold: Hold) -> None:
         """Give back a reservation whose request never went out (cancelled during its hold)."""
@@ -168,10 +222,21 @@ class ProviderLimiter:
         now = self._clock()
         after_r = 0 if hold is None else self.requests.taken - hold._requests_seq
         after_t = 0 if hold is None else self.tokens.taken - hold._tokens_seq
+        sent = None if hold is None else hold._sent_at
+        near = 0 if hold is None else self._near(hold)
+        before_r = 0 if hold is None else hold._requests_seq - 1
+        before_t = 0 if hold is None else hold._tokens_seq - hold.tokens
         self.requests.correct(headroom.limit_requests, headroom.remaining_requests, headroom.reset_requests_s,
-                              after_r, now)
+                              after_r, now, sent, near, before_r)
         self.tokens.correct(headroom.limit_tokens, headroom.remaining_tokens, headroom.reset_tokens_s,
-                            after_t, now)
+                            after_t, now, sent, near, before_t)
+
+    def _near(self, hold: Hold) -> int:
+        """How many other kept reservations go out within NEAR_S of ``hold`` (many, when it is too old to tell)."""
+        index = len(self._sends) - 1 - (self.requests.taken - hold._requests_seq)
+        if index < 0:
+            return _SENDS
+        return sum(1 for i, t in enumerate(self._sends) if i != index and abs(t - hold._sent_at) < NEAR_S)
 
     def throttled(self, headers: Mapping[str, str]) -> None:
         """The provider answered 429: nothing is left, and nothing goes out before its Retry-After."""
