@@ -207,3 +207,31 @@ def test_rate_limits_are_validated_and_sized_from_the_providers() -> None:
     assert limits.get("p") is limits.get("p") and not limits.get("other").active
     with pytest.raises(Exception, match="providers.p.rate_limit_rpm must be a non-negative integer"):
         load_settings(None, overrides={"providers.p.rate_limit_rpm": -1})
+
+
+def test_ask_json_bench_json_and_the_request_log_carry_the_headroom(
+    server_factory: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from llmchat.tui.cli import main
+
+    server = server_factory(profile="instant", rate_limit=1000, rate_limit_tokens=100_000)
+    log = tmp_path / "requests.jsonl"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[log]\nrequests_path = "{log}"\n', encoding="utf-8")
+    assert main(["ask", "hi", "--json", "--base-url", server.base_url, "--model", MODEL,
+                 "--config", str(config)]) == 0
+    asked = json.loads(capsys.readouterr().out)
+    assert asked["ratelimit"]["limit_requests"] == 1000 and asked["ratelimit"]["limit_tokens"] == 100_000
+    assert asked["ratelimit"]["remaining_requests"] == 999 and asked["rate_limit_wait_ms"] == 0
+    logged = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    assert logged[-1]["ratelimit"]["remaining_requests"] == 999
+    path = tmp_path / "bench.jsonl"
+    assert main(["bench", "--base-url", server.base_url, "--model", MODEL, "--requests", "4", "--users", "1",
+                 "--quiet", "--rate-limit-client", "--json", str(path)]) == 0
+    capsys.readouterr()
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    requests = [line for line in lines if line["type"] == "request"]
+    assert len(requests) == 4 and all(r["ratelimit"]["limit_requests"] == 1000 for r in requests)
+    assert all(990 <= r["ratelimit"]["remaining_requests"] < 1000 for r in requests)  # refilling meanwhile
