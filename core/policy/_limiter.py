@@ -42,10 +42,6 @@ _READINGS = 32
 NEAR_S = 0.05
 #: How many recent reservations' send times are kept to tell that.
 _SENDS = 64
-#: A clean reading raises the level to this much below it, never to it.
-_RAISE_MARGIN = 1.0
-#: How many recent level readings it keeps (their most cautious is its level).
-_LEVELS = 8
 
 
 def estimate_tokens(body: bytes | None, max_tokens: int | None) -> int:
@@ -58,7 +54,7 @@ def estimate_tokens(body: bytes | None, max_tokens: int | None) -> int:
 class _Bucket:
     """One token bucket. ``capacity`` 0: no limit known, never holds."""
 
-    __slots__ = ("capacity", "level", "stamp", "_readings", "_levels", "_configured_rate", "taken")
+    __slots__ = ("capacity", "level", "stamp", "_readings", "_configured_rate", "taken")
 
     def __init__(self, per_minute: int, now: float) -> None:
         self.capacity = float(per_minute)
@@ -66,7 +62,6 @@ class _Bucket:
         self.stamp = now
         self._configured_rate = per_minute / _MINUTE_S
         self._readings: deque[float] = deque(maxlen=_READINGS)
-        self._levels: deque[float] = deque(maxlen=_LEVELS)
         self.taken = 0
         """Everything ever reserved: a reply's headers are corrected for what was taken after its request."""
 
@@ -94,10 +89,12 @@ class _Bucket:
         return 0.0 if need <= 0 else need / max(self.rate, 1e-9)
 
     def correct(self, limit: int | None, remaining: int | None, reset_s: float | None, taken_after: int,
-                now: float, counted_at: float | None = None, near: int = 0, before: int = 0) -> None:
+                now: float, counted_at: float | None = None, near: int = 0, before: int = 0,
+                unit: float = 1.0) -> None:
         """Correct from a reply's headers. ``near``: how many other requests went out so close to this one
         that either may have reached the provider first (then the reading may be off by that many);
-        ``before``: what was taken before the request, which the provider may not have counted yet either."""
+        ``before``: what was taken before the request, which the provider may not have counted yet either;
+        ``unit``: what one request takes (1 request; its tokens), the margin a clean reading keeps."""
         learning = self.capacity <= 0
         if limit is not None and limit > 0:
             if limit != self.capacity:
@@ -128,7 +125,7 @@ class _Bucket:
         elif near == 0:
             # A clean reading brings back what noisy ones took, one request short of it: a reply whose
             # request reached the provider late (a busy loop) reads fuller than the bucket is.
-            self.level = min(self.capacity, max(self.level, level - _RAISE_MARGIN))
+            self.level = min(self.capacity, max(self.level, level - unit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +226,7 @@ class ProviderLimiter:
         self.requests.correct(headroom.limit_requests, headroom.remaining_requests, headroom.reset_requests_s,
                               after_r, now, sent, near, before_r)
         self.tokens.correct(headroom.limit_tokens, headroom.remaining_tokens, headroom.reset_tokens_s,
-                            after_t, now, sent, near, before_t)
+                            after_t, now, sent, near, before_t, float(max(1, hold.tokens if hold else 1)))
 
     def _near(self, hold: Hold) -> int:
         """How many other kept reservations go out within NEAR_S of ``hold`` (many, when it is too old to tell)."""
