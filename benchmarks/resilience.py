@@ -12,8 +12,8 @@
     with retries (the default RetrySettings, max_delay_s capped at 2 s to bound the run) and without
     (max_attempts = 1): error rate, p50/p99 latency of the requests that succeeded, and successful requests
     per second, as a before/after table. Run twice: with the limiter off (``--rate-limit 0``: the 10 % of
-    5xx alone) and with the profile as it is (30 requests a minute per key: past that, 429 with a Retry-After
-    near a minute, which retries must not wait for). A fresh server per run, so every run meets the same
+    5xx alone) and with the profile as it is (30 requests a minute per key, a bucket that refills one every
+    2 s: past its burst, 429 with a Retry-After of about 2 s). A fresh server per run, so every run meets the same
     seeded fault dice. Bounded: about a minute in all.
 """
 

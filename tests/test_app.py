@@ -262,3 +262,23 @@ async def test_the_app_scrapes_the_providers_metrics_and_keeps_cold_start_baseli
     state = Path(os.environ["XDG_STATE_HOME"]) / "llmchat" / "coldstart.json"
     [track] = json.loads(state.read_text())["tracks"]
     assert (track["provider"], track["model"]) == ("local", MODEL) and len(track["server"]) == 1
+
+
+async def test_the_hud_shows_headroom_while_chatting_with_a_server_that_sends_it(  # type: ignore[no-untyped-def]
+    server_factory, tmp_path: Path
+) -> None:
+    from llmchat.core.policy import RateLimits
+
+    server = server_factory(profile="instant", rate_limit=30, rate_limit_tokens=9000)
+    settings = _settings(tmp_path)
+    client = ChatClient(settings, base_url=server.base_url, model=MODEL, http2="h2c", limits=RateLimits())
+    app = make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
+    async with app.run_test(size=(140, 40)) as pilot:
+        hud = app.query_one(Hud)
+        assert not hud.headroom_lines.display
+        reply = await _send(pilot, app, "how much is left")
+        await _until(pilot, lambda: reply.is_final and hud.headroom_lines.display)
+        shown = str(hud.headroom_lines.content)
+        assert shown.startswith("requests 29 of 30 left · full in ")
+        assert "tokens " in shown and " of 9,000 left" in shown
+        assert client.limiter is not None and client.limiter.requests.capacity == 30  # learnt from the headers

@@ -791,3 +791,51 @@ async def test_the_server_line_shows_once_scraped_and_only_for_the_provider_show
         await until(pilot, lambda: "failed" in text(hud.server_line), "the failed scrape")
         hud.provider = "other"  # another provider's queue says nothing about this one
         await until(pilot, lambda: not hud.server_line.display, "the line hidden")
+
+
+def test_the_headroom_lines_say_what_is_left_and_colour_it_with_the_threshold_beside() -> None:
+    from llmchat.core.observe import Headroom
+    from llmchat.tui.widgets.hud._headroom import render_headroom
+
+    lines = render_headroom(Headroom(60, 48, 12.0, 150_000, 9_000, 0.006), 0.1)
+    assert [line.plain for line in lines] == [
+        "requests 48 of 60 left · full in 12.0 s",
+        "tokens 9,000 of 150,000 left, under 10% · full in 6.0 ms",
+    ]
+    low = lines[1]
+    start = low.plain.index("9,000")
+    assert {str(s.style) for s in low.spans if s.start <= start < s.end} == {"$error"}
+    assert render_headroom(Headroom(limit_requests=10, remaining_requests=1), 0.05)[0].plain == (
+        "requests 1 of 10 left")  # 10 % left is not under 5 %
+    assert render_headroom(None, 0.1) == []
+
+
+async def test_the_hud_shows_headroom_holds_and_cost_per_mode() -> None:
+    from llmchat.core.observe import Headroom, RateLimitHeld
+    from llmchat.core.policy import ProviderLimiter
+
+    ui = UISettings(prices={"llmchat-local": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}})
+    app = HudApp(ui)
+    async with app.run_test(size=(90, 50)) as pilot:
+        hud = app.query_one(Hud)
+        hud.provider = "local"
+        await pilot.pause()
+        assert not hud.headroom_lines.display  # no headers yet: the HUD keeps its layout
+        held = record(usage_from_server=True, prompt_tokens=10)
+        held.end_ns = None
+        app.bus.publish(RequestStarted(held))
+        limiter = ProviderLimiter("local", rpm=1)
+        limiter.reserve()
+        app.bus.publish(RateLimitHeld(held, limiter.reserve()))
+        await until(pilot, lambda: "client rate limit" in text(hud.stats), "the hold line")
+        assert "client rate limit 60.0 s (requests)" in text(hud.stats)
+        done = record(usage_from_server=True, prompt_tokens=10, headroom=Headroom(60, 2, 58.0))
+        app.bus.publish(RequestDone(done))
+        batch = record(mode="batch", ttft_ms=None, usage_from_server=True, prompt_tokens=10)
+        app.bus.publish(RequestDone(batch))
+        await until(pilot, lambda: hud.headroom_lines.display, "the headroom lines")
+        assert text(hud.headroom_lines) == "requests 2 of 60 left, under 10% · full in 58.0 s"
+        assert "cost ≈ $0.00022 · batch $0.00011 · stream $0.00011" in text(hud.stats)
+        held.end_ns = T0 + 400_000_000
+        app.bus.publish(RequestDone(held))
+        await until(pilot, lambda: "client rate limit" not in text(hud.stats), "the hold line cleared")

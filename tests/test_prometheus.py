@@ -148,6 +148,31 @@ async def test_retries_by_reason_and_errors_by_class(
     assert value(samples, "llmchat_request_duration_seconds_count") == 0  # failures are counted, not charted
 
 
+async def test_headroom_gauges_per_provider_and_the_limiters_holds(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    from llmchat.core.policy import RateLimits
+
+    server = server_factory(profile="instant", rate_limit=3, rate_limit_tokens=5000, rate_limit_window_s=0.6)
+    bus = Bus()
+    with start_exporter(bus, 0) as exporter:
+        async with ChatClient(_settings(tmp_path), base_url=server.base_url, model=MODEL, bus=bus,
+                              use_cache=False, limits=RateLimits()) as c:
+            records = [await _drain(c, max_tokens=2) for _ in range(5)]
+        samples = scrape(exporter.url)
+    last = records[-1].headroom
+    assert last is not None and last.remaining_requests is not None and last.remaining_tokens is not None
+    assert value(samples, "llmchat_ratelimit_limit", provider="custom", kind="requests") == 3
+    assert value(samples, "llmchat_ratelimit_limit", provider="custom", kind="tokens") == 5000
+    assert value(samples, "llmchat_ratelimit_remaining", kind="requests") == last.remaining_requests
+    assert value(samples, "llmchat_ratelimit_remaining", kind="tokens") == last.remaining_tokens
+    assert 0 < value(samples, "llmchat_ratelimit_reset_seconds", kind="requests") <= 0.6
+    held = [r for r in records if r.limit_wait_ns]
+    assert held and value(samples, "llmchat_rate_limit_holds_total", provider="custom") >= len(held)
+    assert value(samples, "llmchat_rate_limit_hold_seconds_total") > 0
+    assert value(samples, "llmchat_request_part_seconds_count", part="rate_limit", group="limit") == len(held)
+
+
 async def test_in_flight_counts_a_stream_while_it_runs_and_cancels_are_not_errors(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

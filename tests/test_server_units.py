@@ -16,7 +16,14 @@ from llmchat.core.server import PROFILES, resolve_settings
 from llmchat.core.server._encode import ChunkTemplate
 from llmchat.core.server._faults import ColdStarts, FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import Exchange
-from llmchat.core.server._replies import Reply, build_reply, count_tokens, tokenize
+from llmchat.core.server._replies import (
+    Reply,
+    build_reply,
+    chat_charge,
+    count_prompt_tokens,
+    count_tokens,
+    tokenize,
+)
 
 
 @given(st.text())
@@ -92,15 +99,37 @@ def test_chunk_template_builds_valid_chunks() -> None:
     assert parsed[3]["server_timing"] == {"received_ns": 1}
 
 
-def test_rate_limiter_slides_its_window() -> None:
-    limiter = RateLimiter(2, window_s=60.0)
-    assert limiter.check("a", 0.0).allowed and limiter.check("a", 10.0).allowed
+def test_rate_limiter_is_a_refilling_bucket_whose_reset_is_time_to_full() -> None:
+    # OpenAI's limits refill continuously and x-ratelimit-reset-* is the time until the bucket is full again.
+    limiter = RateLimiter(2, window_s=60.0)  # one request back every 30 s
+    first = limiter.check("a", 0.0)
+    assert first.allowed and first.remaining == 1 and first.reset_s == pytest.approx(30.0)
+    assert limiter.check("a", 10.0).allowed  # 1 + 10/30 left, now 1/3
     denied = limiter.check("a", 20.0)
-    assert not denied.allowed and denied.remaining == 0 and denied.reset_s == pytest.approx(40.0)
+    assert not denied.allowed and denied.remaining == 0 and denied.exceeded == "requests"
+    assert denied.retry_s == pytest.approx(10.0) and denied.reset_s == pytest.approx(40.0)
     assert limiter.check("b", 20.0).allowed  # another bucket
-    assert limiter.check("a", 60.0).allowed  # the request at 0 left the window
-    assert not limiter.check("a", 65.0).allowed
+    assert limiter.check("a", 30.0).allowed  # a whole request refilled
+    assert not limiter.check("a", 35.0).allowed
     assert RateLimiter(0).check("a", 0.0).allowed
+
+
+def test_rate_limiter_counts_tokens_as_they_are_asked_for() -> None:
+    limiter = RateLimiter(0, window_s=60.0, token_limit=600)  # 10 tokens back per second
+    ok = limiter.check("a", 0.0, tokens=500)
+    assert ok.allowed and ok.tokens_remaining == 100 and ok.tokens_reset_s == pytest.approx(50.0)
+    denied = limiter.check("a", 1.0, tokens=200)
+    assert not denied.allowed and denied.exceeded == "tokens" and denied.retry_s == pytest.approx(9.0)
+    assert limiter.check("a", 10.0, tokens=200).allowed
+    # A request larger than the whole bucket passes a full one rather than never.
+    assert limiter.check("b", 0.0, tokens=10_000).allowed
+
+
+def test_chat_charge_is_prompt_plus_max_tokens() -> None:
+    body = b'{"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 7}'
+    assert chat_charge(body, 300) == count_prompt_tokens([{"role": "user", "content": "hello there"}]) + 7
+    assert chat_charge(b'{"messages": []}', 300) == 3 + 300  # the server's default reply length
+    assert chat_charge(b"not json", 300) == 0
 
 
 def test_rate_limit_buckets_never_hold_the_key() -> None:

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SURFACE: dict[str, list[str]] = {
     "llmchat.core": [
         "APIError", "Attribution", "AuthError", "Baseline", "BaselineStore", "BatchSettings", "Bus",
-        "CacheSettings", "CancelledByUser", "ChatClient", "ChatReply", "ChatStream", "Chunk", "ColdStartDetector",
+        "CacheSettings", "CancelledByUser", "ChatClient", "ChatReply", "ChatStream", "Chunk",
+        "ColdStartDetector",
         "ConfigError", "ConnectError", "DisconnectedError", "FirstToken", "HTTPStatusError", "Http2Mode",
         "HttpSettings", "LLMChatError", "LogSettings", "MicroBatcher", "NotFoundError", "Part", "Phases",
         "ProtocolError", "ProviderSettings", "RateLimitError", "ReplyCache", "RequestDone", "RequestStarted",
@@ -49,7 +50,8 @@ SURFACE: dict[str, list[str]] = {
     "llmchat.core.config": [
         "BatchSettings", "CacheSettings", "Http2Mode", "HttpSettings", "LogSettings", "ProviderSettings",
         "ResolvedProvider", "RetrySettings", "ServerSettings", "Settings", "UISettings", "config_path_in_use",
-        "default_config_path", "is_secret_header", "load_settings", "mask_secret", "mask_url", "resolve_provider",
+        "default_config_path", "is_secret_header", "load_settings", "mask_secret", "mask_url",
+        "resolve_provider",
         "settings_to_toml",
     ],
     "llmchat.core.history": [
@@ -60,16 +62,22 @@ SURFACE: dict[str, list[str]] = {
         "pretty_arguments",
     ],
     "llmchat.core.http": [
-        "Endpoint", "SSEDecoder", "ServerSentEvent", "Transport", "WireResponse", "parse_chunk", "parse_reply",
+        "Endpoint", "SSEDecoder", "ServerSentEvent", "Transport", "WireResponse", "parse_chunk",
+        "parse_reply",
         "HTTPResponse", "HTTPTransport", "MockRequest", "MockResponse", "MockTransport", "Pools",
         "ToolCall",
+        "parse_reset", "read_headroom",
     ],
     "llmchat.core.load": [
         "CLIENT_ERRORS", "CONFIGS", "ConfigStats", "EXACT_LIMIT", "Job", "JobSummary", "LoadRun", "METRICS",
-        "METRIC_NAMES", "OutputLock", "PromptPlan", "QUANTILES", "RELATIVE_ERROR", "SLO", "Sample", "Scenario",
+        "METRIC_NAMES", "OutputLock", "PromptPlan", "QUANTILES", "RELATIVE_ERROR", "SLO", "Sample",
+        "Scenario",
         "Target", "check_output", "compare_rows", "drop_failed", "open_output", "parse_configs", "read_done",
         "read_jobs", "run_jobs", "split_lines",
-        "BatchAPI", "BatchOutcome", "BatchStatus", "batch_input", "pending_batch", "run_batch_api", "state_path",
+        "BatchAPI", "BatchOutcome", "BatchStatus", "batch_input", "pending_batch", "run_batch_api",
+        "state_path",
+        "ASSUMED_OUTPUT", "Actuals", "DEFAULT_WINDOW_S", "Duration", "Estimate", "PathEstimate",
+        "SampleStats", "estimate", "measure_sample",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",
@@ -78,8 +86,12 @@ SURFACE: dict[str, list[str]] = {
         "ServerState", "Spread", "TimingRecord", "WarmupState", "attach_observers", "attribute", "failed",
         "format_shares", "load_prometheus_client", "part_samples", "percentile", "prices_from_settings",
         "shares_over", "start_exporter",
+        "Headroom", "Price", "RateLimitHeld",
     ],
-    "llmchat.core.policy": ["MicroBatcher", "ReplyCache", "RetryEvent", "call_with_retries", "replay_chunks"],
+    "llmchat.core.policy": [
+        "Hold", "MicroBatcher", "ProviderLimiter", "RateLimits", "ReplyCache", "RetryEvent", "call_with_retries",
+        "estimate_tokens", "replay_chunks",
+    ],
     "llmchat.core.server": [
         "PROFILES", "PROFILE_SUMMARIES", "DelayProxy", "Listening", "RunningServer", "ServerMetrics",
         "SubprocessServer", "Target", "cli", "resolve_settings", "run_proxy", "serve", "start_in_thread",

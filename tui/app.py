@@ -665,9 +665,12 @@ class ChatApp(BranchActions, App[None]):
             if client is not self._offline_client and client.endpoint.name == name \
                     and client.endpoint.base_url == base_url:
                 return client
-        client = (ChatClient(self.settings, provider=name, bus=self.client.bus, pools=self.pools) if configured
+        # One limiter per provider for the session: every client of a provider shares its buckets.
+        limits = self.client.limits
+        client = (ChatClient(self.settings, provider=name, bus=self.client.bus, limits=limits, pools=self.pools)
+                  if configured
                   else ChatClient(self.settings, provider=name, base_url=base_url, bus=self.client.bus,
-                                  pools=self.pools))
+                                  limits=limits, pools=self.pools))
         await client.__aenter__()
         key = name if name not in self.clients else f"{name} {base_url}"
         self.clients[key] = client

@@ -21,7 +21,15 @@ from typing import Any
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
-from llmchat.core.http import Endpoint, HTTPResponse, HTTPTransport, Pools, SSEDecoder, ToolCall
+from llmchat.core.http import (
+    Endpoint,
+    HTTPResponse,
+    HTTPTransport,
+    Pools,
+    SSEDecoder,
+    ToolCall,
+    read_headroom,
+)
 from llmchat.core.http._reasoning import ThinkSplitter
 from llmchat.core.http._toolcalls import ToolCallAssembler
 from llmchat.core.observe import (
@@ -29,12 +37,22 @@ from llmchat.core.observe import (
     Chunk,
     FirstToken,
     Phases,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
     TimingRecord,
 )
-from llmchat.core.policy import ReplyCache, RetryEvent, call_with_retries, replay_chunks
+from llmchat.core.policy import (
+    Hold,
+    ProviderLimiter,
+    RateLimits,
+    ReplyCache,
+    RetryEvent,
+    call_with_retries,
+    estimate_tokens,
+    replay_chunks,
+)
 from llmchat.core.text import SurrogateJoiner
 
 Message = Mapping[str, Any]
@@ -137,6 +155,10 @@ class ChatClient:
     of its own. ``transport`` sends through that transport instead (``MockTransport`` in unit tests, a bench
     configuration's own pool): the endpoint is then the transport's, ``provider``, ``base_url``, ``api_key``,
     ``api_key_env`` and ``http2`` must not be given (UsageError), and the caller closes it.
+
+    With ``limits`` (the process's ``RateLimits``) each attempt first takes its share of the provider's buckets,
+    and waits there when they are empty (a ``RateLimitHeld`` on the bus, ``record.limit_wait_ns``); without,
+    nothing waits.
     """
 
     def __init__(
@@ -156,6 +178,7 @@ class ChatClient:
         env: Mapping[str, str] | None = None,
         pools: Pools | None = None,
         transport: HTTPTransport | None = None,
+        limits: RateLimits | None = None,
     ) -> None:
         self.settings = settings or Settings()
         default_model: str | None = None
@@ -182,6 +205,8 @@ class ChatClient:
         )
         self._given = transport
         self._transport: HTTPTransport | None = transport
+        self.limits = limits
+        self.limiter: ProviderLimiter | None = None if limits is None else limits.get(self.endpoint.name)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> ChatClient:
@@ -244,12 +269,20 @@ class ChatClient:
 
     # -- requests --------------------------------------------------------------------------------------------
     async def _open(
-        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str
+        self, method: str, path: str, body: bytes | None, record: TimingRecord, *, stream: bool, model: str,
+        max_tokens: int | None = None,
     ) -> tuple[AsyncExitStack, HTTPResponse]:
         """Send with retries until a response with a success status is open; returns it with its closer."""
+        limiter = self.limiter
 
         async def send(attempt: int) -> tuple[AsyncExitStack, HTTPResponse]:
             record.attempts = attempt
+            hold = None
+            if limiter is not None:
+                hold = limiter.reserve(estimate_tokens(body, max_tokens))
+                if hold.wait_s > 0:
+                    await self._hold(limiter, hold, record)
+                hold = limiter.sent(hold)
             record.phases = Phases()
             stack = AsyncExitStack()
             try:
@@ -258,6 +291,13 @@ class ChatClient:
                 )
                 record.status = resp.status
                 record.http_version = resp.http_version
+                headroom = read_headroom(resp.headers)
+                if headroom is not None:
+                    record.headroom = headroom
+                    if limiter is not None:
+                        limiter.observe(hold, headroom)
+                if resp.status == 429 and limiter is not None:
+                    limiter.throttled(resp.headers)
                 if resp.status >= 400:
                     data = await resp.aread()
                     raise await self._status_error(resp, data, model)
@@ -284,6 +324,19 @@ class ChatClient:
             return await send(attempt)
 
         return await call_with_retries(resend, self.retry, on_retry=on_retry)
+
+    async def _hold(self, limiter: ProviderLimiter, hold: Hold, record: TimingRecord) -> None:
+        """Wait out the limiter's hold before an attempt, said on the bus first; the time it took is the
+        record's ``limit_wait_ns`` (attribution's "client rate limit", never TTFB)."""
+        self.bus.publish(RateLimitHeld(record, hold))
+        t = time.perf_counter_ns()
+        try:
+            await asyncio.sleep(hold.wait_s)
+        except BaseException:
+            limiter.release(hold)
+            raise
+        finally:
+            record.limit_wait_ns += time.perf_counter_ns() - t
 
     async def _status_error(
         self, resp: HTTPResponse, data: bytes, model: str, *, listing: bool = False
@@ -359,7 +412,8 @@ class ChatClient:
             t = time.perf_counter_ns()
             body = wire.chat_body(m, messages, params, stream=False)
             record.encode_ns = time.perf_counter_ns() - t
-            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m)
+            stack, resp = await self._open("POST", "chat/completions", body, record, stream=False, model=m,
+                                           max_tokens=_max_tokens(params))
             async with stack:
                 data = await resp.aread()
             t = time.perf_counter_ns()
@@ -582,7 +636,8 @@ class ChatStream:
         t = time.perf_counter_ns()
         body = wire.chat_body(self.model, self.messages, self.params, stream=True)
         record.encode_ns = time.perf_counter_ns() - t
-        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model)
+        stack, resp = await client._open("POST", "chat/completions", body, record, stream=True, model=self.model,
+                                         max_tokens=_max_tokens(self.params))
         _server_reports(record, resp, None)
         async with stack:
             ctype = resp.headers.get("content-type", "")
@@ -708,6 +763,11 @@ def _server_reports(record: TimingRecord, resp: HTTPResponse, timings: dict[str,
             pass  # a malformed header is no reason to fail a reply
     if timings:
         record.server_reported = timings
+
+
+def _max_tokens(params: Mapping[str, Any]) -> int | None:
+    value = params.get("max_completion_tokens", params.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error_line(data: str) -> str:

@@ -76,6 +76,16 @@ class ProviderSettings:
     metrics_interval_s: float = 2.0
     """Seconds between scrapes of metrics_url while the chat app or llmchat bench runs (llmchat ask scrapes
     once, beside its request)."""
+    rate_limit_rpm: int = 0
+    """Requests per minute this provider allows: the client-side limiter's request bucket (llmchat batch,
+    the app, llmchat bench --rate-limit-client) holds requests back before the provider would answer 429.
+    0 learns the limit from the provider's x-ratelimit-* headers alone."""
+    rate_limit_tpm: int = 0
+    """Tokens per minute this provider allows (prompt estimate plus max_tokens per request, as OpenAI counts
+    them): the limiter's token bucket. 0 learns it from the x-ratelimit-*-tokens headers alone."""
+    batch_discount: float = 0.5
+    """The share taken off the price of a request sent through the provider's Batch API (OpenAI's is 0.5,
+    half price): llmchat batch --estimate prices its Batch API path with it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +147,9 @@ class UISettings:
     """Batch mode: a total latency above this is coloured as a miss."""
     stall_s: float = 3.0
     """Seconds without a token after which a reply shows as stalled (under it, and as a badge in the HUD)."""
+    headroom_warn: float = 0.1
+    """Colour the HUD's rate-limit line of requests or tokens when less than this share of the provider's limit
+    is left (0.1: under 10 %), with the share beside the colour."""
     hud_history: int = 60
     """How many recent requests the HUD charts and percentiles cover."""
     show_hud: bool = True
@@ -186,7 +199,13 @@ class ServerSettings:
     idle_unload_s: float = 300.0
     """A model unused this long is "unloaded" and pays cold_start_ms again."""
     rate_limit: int = 0
-    """Requests per minute per API key before 429 with Retry-After; 0 is no limit."""
+    """Requests per minute per API key before 429 with Retry-After; 0 is no limit. A bucket that refills
+    continuously, as OpenAI's does; every reply says its state in x-ratelimit-*-requests headers."""
+    rate_limit_tokens: int = 0
+    """Tokens per minute per API key (prompt plus max_tokens, charged as a request arrives) before 429; 0 is
+    no limit. Replies carry x-ratelimit-*-tokens headers."""
+    rate_limit_window_s: float = 60.0
+    """The span both limits count over: 60 is per minute, as providers' are; a shorter one makes a test quick."""
     error_rate: float = 0.0
     """Probability that a request fails with 500, 502 or 503."""
     drop_rate: float = 0.0

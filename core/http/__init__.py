@@ -9,6 +9,7 @@ from llmchat.core.http._interface import Endpoint, HTTPResponse, HTTPTransport
 from llmchat.core.http._mock import MockRequest, MockResponse, MockTransport
 from llmchat.core.http._openai import parse_chunk, parse_reply
 from llmchat.core.http._pools import Pools
+from llmchat.core.http._ratelimit import parse_reset, read_headroom
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
 from llmchat.core.http._toolcalls import ToolCall
 from llmchat.core.http._transport import Transport, WireResponse
@@ -28,4 +29,6 @@ __all__ = [
     "WireResponse",
     "parse_chunk",
     "parse_reply",
+    "parse_reset",
+    "read_headroom",
 ]

@@ -1,5 +1,5 @@
 """Load through the engine: bench scenarios and their statistics, bulk jobs (direct, or through a provider's
-Batch API), the Locust user."""
+Batch API) and their cost model, the Locust user."""
 
 from __future__ import annotations
 
@@ -11,6 +11,17 @@ from llmchat.core.load._batch_api import (
     pending_batch,
     run_batch_api,
     state_path,
+)
+from llmchat.core.load._estimate import (
+    ASSUMED_OUTPUT,
+    DEFAULT_WINDOW_S,
+    Actuals,
+    Duration,
+    Estimate,
+    PathEstimate,
+    SampleStats,
+    estimate,
+    measure_sample,
 )
 from llmchat.core.load._jobs import (
     Job,
@@ -42,28 +53,37 @@ __all__ = [
     "BatchAPI",
     "BatchOutcome",
     "BatchStatus",
+    "ASSUMED_OUTPUT",
+    "Actuals",
     "CLIENT_ERRORS",
     "CONFIGS",
     "ConfigStats",
+    "DEFAULT_WINDOW_S",
+    "Duration",
     "EXACT_LIMIT",
+    "Estimate",
     "Job",
     "JobSummary",
     "LoadRun",
     "METRICS",
     "METRIC_NAMES",
     "OutputLock",
+    "PathEstimate",
     "PromptPlan",
     "QUANTILES",
     "RELATIVE_ERROR",
     "SLO",
     "Sample",
+    "SampleStats",
     "Scenario",
     "Target",
     "check_output",
     "batch_input",
     "compare_rows",
     "drop_failed",
+    "estimate",
     "open_output",
+    "measure_sample",
     "parse_configs",
     "pending_batch",
     "read_done",

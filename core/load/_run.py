@@ -48,6 +48,7 @@ from llmchat.core.http import Pools, Transport, WireResponse
 from llmchat.core.load._prompts import PromptPlan
 from llmchat.core.load._stats import SLO, Tally
 from llmchat.core.observe import Attribution, Bus, ColdStartDetector, Phases, TimingRecord, attribute
+from llmchat.core.policy import RateLimits
 
 Mode = Literal["stream", "batch"]
 
@@ -183,6 +184,9 @@ class Target:
     """One bus for every configuration's client (``--metrics-port`` watches it); None gives each its own."""
     api_key_env: str | None = None
     """Send the key held in this environment variable (``--api-key-env``)."""
+    limits: RateLimits | None = None
+    """The client-side rate limiter every configuration's client shares (``--rate-limit-client``); None sends
+    at the load's own pace, into the provider's limit if it has one (a load test may want to hit it)."""
 
 
 @dataclass(slots=True)
@@ -285,7 +289,7 @@ def make_client(name: str, target: Target, cache_dir: str, pools: Pools, *,
     # transport of its own (pools.open, never shared), because the pool is what is compared.
     endpoint = dataclasses.replace(endpoint, http=http)
     return ChatClient(settings, model=target.model or model, retry=retry, bus=target.bus,
-                      transport=pools.open(endpoint))
+                      transport=pools.open(endpoint), limits=target.limits)
 
 
 def bench_pools() -> Pools:

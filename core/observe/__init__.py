@@ -19,6 +19,7 @@ from llmchat.core.observe._bus import (
     Bus,
     Chunk,
     FirstToken,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
@@ -28,11 +29,12 @@ from llmchat.core.observe._bus import (
 from llmchat.core.observe._coldstart import Baseline, ColdStartDetector
 from llmchat.core.observe._prometheus import LATENCY_BUCKETS, load_prometheus_client, start_exporter
 from llmchat.core.observe._requestlog import RequestLog, attach_observers
-from llmchat.core.observe._timing import Phases, TimingRecord, percentile
+from llmchat.core.observe._timing import Headroom, Phases, TimingRecord, percentile
 from llmchat.core.observe._window import (
     REQUEST_SERIES,
     ConnectionState,
     Metrics,
+    Price,
     Series,
     ServerState,
     Spread,
@@ -50,12 +52,15 @@ __all__ = [
     "ConnectionState",
     "FirstToken",
     "GROUPS",
+    "Headroom",
     "LATENCY_BUCKETS",
     "Metrics",
     "PARTS",
     "Part",
     "Phases",
+    "Price",
     "REQUEST_SERIES",
+    "RateLimitHeld",
     "RequestDone",
     "RequestLog",
     "RequestStarted",

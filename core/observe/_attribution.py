@@ -28,6 +28,9 @@ the streaming span.
 A request that had to look its model up (GET /models, no model named) starts with that lookup: its connect
 and TLS (the connection it opened is the request's) and the rest as ``model lookup`` (network + server).
 
+- ``client rate limit`` (group ``limit``): the client's own limiter holding the request back before an
+  attempt (``record.limit_wait_ns``); the client chose to wait, so it is neither the network nor the server,
+  and TTFB and TTFT do not count it.
 - ``client setup``: building the client (SSL context, a connection slot's client) on the request's path, cut
   from the pool-wait span; only a request on a transport not prepared ahead has it.
 - Parts sum to ``total_ms`` (exactly in integer nanoseconds; to float rounding in ms). ``unexplained`` takes
@@ -63,11 +66,11 @@ from llmchat.core.observe._coldstart import ColdStartDetector
 from llmchat.core.observe._server_reports import LLAMA_CPP, LLMCHAT, OPENAI, ServerReport, read_server_report
 from llmchat.core.observe._timing import TimingRecord
 
-Group = Literal["client", "network", "server", "network+server", "retry", "unexplained"]
+Group = Literal["client", "limit", "network", "server", "network+server", "retry", "unexplained"]
 Source = Literal["measured", "reported", "derived", "estimated"]
 
 #: The groups in the order a stacked bar shows them.
-GROUPS: tuple[Group, ...] = ("client", "network", "network+server", "server", "retry", "unexplained")
+GROUPS: tuple[Group, ...] = ("client", "limit", "network", "network+server", "server", "retry", "unexplained")
 
 SATURATION_MIN_MS = 20.0
 """Queueing shorter than this is never called saturation: a busy event loop costs that much."""
@@ -99,6 +102,7 @@ class Part(NamedTuple):
 PARTS: dict[str, tuple[str, Group, Source]] = {
     "cache": ("cache hit", "client", "measured"),
     "model_lookup": ("model lookup (GET /models)", "network+server", "measured"),
+    "rate_limit": ("client rate limit", "limit", "measured"),
     "encode": ("request encoding", "client", "measured"),
     "client_other": ("client (other)", "client", "measured"),
     "retries": ("retries and their waits", "retry", "measured"),
@@ -322,6 +326,9 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
     # t0 -> the last attempt: a model lookup, encoding, then retries (earlier attempts and their waits) or
     # client work.
     before = attempt - t0 - _model_lookup(b, record, t0, attempt)
+    held = min(max(0, record.limit_wait_ns), before)
+    b.add("rate_limit", held)
+    before -= held
     encode = min(max(0, record.encode_ns), before)
     b.add("encode", encode, keep_zero=True)
     b.add("retries" if record.retries else "client_other", before - encode)

@@ -34,6 +34,14 @@ class RetryPlanned:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimitHeld:
+    """The client's own rate limiter holds a request back before sending it: published as the wait starts."""
+
+    record: TimingRecord
+    hold: Any  # llmchat.core.policy._limiter.Hold; .describe() gives "client rate limit 1.2 s (requests)"
+
+
+@dataclass(frozen=True, slots=True)
 class FirstToken:
     record: TimingRecord
 

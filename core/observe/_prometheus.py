@@ -38,6 +38,12 @@ What is exported, by Prometheus's naming conventions (seconds, ``_total`` counte
   ``llmchat_provider_kv_cache_usage_ratio{provider}``: the provider's own /metrics as last scraped
   (``providers.NAME.metrics_url``, ``ServerMetricsPoller``); ``llmchat_provider_metrics_up{provider}`` is 1
   when the last scrape answered, 0 when it failed (then the other three keep their last values).
+- ``llmchat_ratelimit_limit{provider, kind}``, ``llmchat_ratelimit_remaining{provider, kind}`` and
+  ``llmchat_ratelimit_reset_seconds{provider, kind}`` (kind ``requests`` or ``tokens``): the provider's
+  headroom as its last reply's x-ratelimit-* headers said it.
+- ``llmchat_rate_limit_holds_total{provider, reason}`` and ``llmchat_rate_limit_hold_seconds_total{provider}``:
+  requests the client's own limiter held back, and the waits it planned (reason ``requests``, ``tokens`` or
+  ``429``).
 
 Cardinality stays bounded: past ``max_models`` distinct models the rest are counted as ``model="other"``;
 part, group and flag come from fixed sets.
@@ -60,6 +66,7 @@ from llmchat.core.errors import LLMChatError, UsageError
 from llmchat.core.observe._attribution import attribute
 from llmchat.core.observe._bus import (
     Bus,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
@@ -67,6 +74,7 @@ from llmchat.core.observe._bus import (
     WarmupState,
 )
 from llmchat.core.observe._coldstart import ColdStartDetector
+from llmchat.core.observe._timing import Headroom
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -160,6 +168,19 @@ class ClientMetrics:
                  "The provider's KV cache use (0 to 1) in its /metrics, last scrape."),
             )
         }
+        self.headroom = {
+            field: gauge(name, doc, ("provider", "kind")) for field, name, doc in (
+                ("limit", "llmchat_ratelimit_limit", "The provider's rate limit (x-ratelimit-limit-*)."),
+                ("remaining", "llmchat_ratelimit_remaining",
+                 "What remains of the provider's rate limit (x-ratelimit-remaining-*), last reply."),
+                ("reset", "llmchat_ratelimit_reset_seconds",
+                 "Seconds until the provider's rate limit is full again (x-ratelimit-reset-*), last reply."),
+            )
+        }
+        self.holds = counter("llmchat_rate_limit_holds", "Requests the client's own rate limiter held back.",
+                             ("provider", "reason"))
+        self.hold_seconds = counter("llmchat_rate_limit_hold_seconds",
+                                    "The waits the client's own rate limiter planned.", ("provider",))
         self.server_up = gauge("llmchat_provider_metrics_up", "1 when the last scrape of the provider's "
                                "/metrics answered, 0 when it failed.", ("provider",))
 
@@ -169,6 +190,7 @@ class ClientMetrics:
             bus.subscribe(RequestStarted, self.on_started),
             bus.subscribe(RequestDone, self.on_done),
             bus.subscribe(RetryPlanned, self.on_retry),
+            bus.subscribe(RateLimitHeld, self.on_hold),
             bus.subscribe(WarmupState, self.on_warmup),
             bus.subscribe(ServerMetricsSampled, self.on_server_metrics),
         ]
@@ -238,6 +260,8 @@ class ClientMetrics:
             self.cache.labels(record.provider, record.mode, "hit" if record.cache_hit else "miss").inc()
         if record.output_tokens:
             series.output_tokens.inc(record.output_tokens)
+        if record.headroom is not None:
+            self._headroom(record.provider, record.headroom)
         with self._lock:  # the detector keeps state across requests, and buses may publish from two threads
             attribution = attribute(record, detector=self.detector)
         for flag in attribution.flags:
@@ -252,6 +276,18 @@ class ClientMetrics:
         tps = record.tokens_per_s
         if tps is not None:
             series.tokens_per_s.observe(tps)
+
+    def _headroom(self, provider: str, h: Headroom) -> None:
+        for kind, values in (("requests", (h.limit_requests, h.remaining_requests, h.reset_requests_s)),
+                             ("tokens", (h.limit_tokens, h.remaining_tokens, h.reset_tokens_s))):
+            for field, value in zip(("limit", "remaining", "reset"), values, strict=True):
+                if value is not None:
+                    self.headroom[field].labels(provider, kind).set(value)
+
+    def on_hold(self, event: RateLimitHeld) -> None:
+        hold = event.hold
+        self.holds.labels(event.record.provider, str(getattr(hold, "reason", "unknown"))).inc()
+        self.hold_seconds.labels(event.record.provider).inc(float(getattr(hold, "wait_s", 0.0)))
 
     def on_retry(self, event: RetryPlanned) -> None:
         self.retries.labels(event.record.provider, str(getattr(event.event, "reason", "unknown"))).inc()

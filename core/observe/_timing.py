@@ -20,6 +20,9 @@ Definitions (README.md repeats them for users):
   ``<think>`` block). Stream mode only.
 - thinking: the first reasoning chunk to the first answer chunk (to the last reasoning chunk when no answer
   came), so first reasoning + thinking = TTFT for a reply that thought before answering.
+- client rate limit: the time the client's own limiter held the request back before an attempt went out
+  (``limit_wait_ns``, from t0 on). It is in the total (the user waited for it) but never in TTFB or TTFT,
+  which count from the end of the hold: the hold is the client's choice, not the provider's latency.
 """
 
 from __future__ import annotations
@@ -79,6 +82,30 @@ class Phases:
         pool slot."""
         first = self.connect_start_ns if self.connect_start_ns is not None else self.send_start_ns
         return None if first is None else max(0, first - self.start_ns - self.setup_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What a provider's ``x-ratelimit-*`` headers said on one reply: for requests and for tokens, the limit,
+    what remains of it, and the seconds until it is back to full. None where a header was absent or unreadable."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, every field (None where the provider said nothing)."""
+        return {
+            "limit_requests": self.limit_requests,
+            "remaining_requests": self.remaining_requests,
+            "reset_requests_s": _round(self.reset_requests_s),
+            "limit_tokens": self.limit_tokens,
+            "remaining_tokens": self.remaining_tokens,
+            "reset_tokens_s": _round(self.reset_tokens_s),
+        }
 
 
 @dataclass(slots=True)
@@ -143,6 +170,10 @@ class TimingRecord:
     # The provider's /metrics (requests waiting and running, KV cache use), the busiest scrape taken while the
     # request was in flight (``ServerMetricsPoller``): attribution flags saturation from it.
     server_metrics: dict[str, float] | None = None
+    # The provider's rate-limit headroom from the last reply's x-ratelimit-* headers, and how long the client's
+    # own limiter held the request back (every hold, from t0 on, before an attempt was sent).
+    headroom: Headroom | None = None
+    limit_wait_ns: int = 0
 
     # -- derived figures, in milliseconds ---------------------------------------------------------------
     @property
@@ -182,11 +213,18 @@ class TimingRecord:
 
     @property
     def ttfb_ms(self) -> float | None:
-        return _ms(self.t0_ns, self.phases.headers_ns)
+        """t0 to the response headers, less any hold of the client's rate limiter."""
+        return _ms(self.t0_ns + self.limit_wait_ns, self.phases.headers_ns)
 
     @property
     def ttft_ms(self) -> float | None:
-        return _ms(self.t0_ns, self.first_token_ns)
+        """t0 to the first answer token, less any hold of the client's rate limiter."""
+        return _ms(self.t0_ns + self.limit_wait_ns, self.first_token_ns)
+
+    @property
+    def limit_wait_ms(self) -> float:
+        """How long the client's rate limiter held the request back (0 when it never did)."""
+        return self.limit_wait_ns / _NS_PER_MS
 
     @property
     def total_ms(self) -> float | None:
@@ -258,6 +296,7 @@ class TimingRecord:
             "connection_reused": self.connection_reused,
             "status": self.status,
             "model_lookup_ms": _round(self.model_lookup_ms),
+            "rate_limit_wait_ms": _round(self.limit_wait_ms),
             "pool_wait_ms": _round(self.pool_wait_ms),
             "connect_ms": _round(self.connect_ms),
             "tls_ms": _round(self.tls_ms),
@@ -284,6 +323,7 @@ class TimingRecord:
             "replaced_chars": self.replaced_chars,
             "error": self.error,
             "error_kind": self.error_kind,
+            "ratelimit": None if self.headroom is None else self.headroom.to_dict(),
             "started_at": self.wall_start,
         }
 

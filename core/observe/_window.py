@@ -25,6 +25,9 @@ What goes where:
   figure, so the last request and the window's shares are split by the same rule. The slowest
   frame painted since that request's turn began is its render lag, in ``last_attribution.after``, outside
   its total.
+- ``headroom(provider)``: the provider's rate-limit headroom as its last reply's x-ratelimit-* headers said
+  (``headroom_version``); ``pending_hold``: the client's own limiter holding a request back, while it does.
+- Cost is also kept per mode (``cost_by_mode``: stream and batch), for the session's cost of each.
 - ``server_state(provider)``: the provider's own /metrics as last scraped (``ServerMetricsSampled`` from a
   ``ServerMetricsPoller``): requests waiting and running, KV cache use, or why the scrape failed.
 
@@ -46,6 +49,7 @@ from llmchat.core.observe._bus import (
     Bus,
     Chunk,
     FirstToken,
+    RateLimitHeld,
     RequestDone,
     RequestStarted,
     RetryPlanned,
@@ -53,7 +57,7 @@ from llmchat.core.observe._bus import (
     WarmupState,
 )
 from llmchat.core.observe._coldstart import ColdStartDetector
-from llmchat.core.observe._timing import TimingRecord
+from llmchat.core.observe._timing import Headroom, TimingRecord
 
 Series = Literal["ttfb", "ttft", "total", "tokens_per_s", "render_lag"]
 
@@ -102,6 +106,10 @@ class Price(NamedTuple):
 
     input_per_mtok: float
     output_per_mtok: float
+
+    def cost(self, prompt_tokens: float, output_tokens: float) -> float:
+        """What that many tokens in and out cost at this price."""
+        return (prompt_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +232,8 @@ class Metrics:
         self._live: dict[int, TimingRecord] = {}
         self._listeners: list[Callable[[], None]] = []
         self._retry: tuple[TimingRecord, object, Any, int] | None = None
+        self._hold: tuple[TimingRecord, object, Any] | None = None
+        self._headroom: dict[str, Headroom] = {}
         self._chunks_live = False  # True while Chunk events are counted as they come (subscribe(chunks=True))
         self.detector = detector if detector is not None else ColdStartDetector()
         # Each with its group_ms(), made once: summing a dozen parts into groups for 60 requests on every
@@ -249,6 +259,10 @@ class Metrics:
         self.cost_total: float | None = None
         self.cost_last: float | None = None
         self.cost_unknown = 0
+        self.cost_by_mode: dict[str, float] = {}
+        """The priced requests' cost per mode ("stream", "batch"), for the session's cost of each."""
+        self.holds = 0
+        """Requests the client's own rate limiter held back."""
         self.connection = ConnectionState()
         self._server: dict[str, ServerState] = {}
 
@@ -259,12 +273,14 @@ class Metrics:
         self.connection_version = 0
         self.render_version = 0
         self.server_version = 0
+        self.headroom_version = 0
 
     # -- reading -------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
         """Grows with every observation but chunks: a reader that saw this value has seen everything."""
-        return self.requests_version + self.connection_version + self.render_version + self.server_version
+        return (self.requests_version + self.connection_version + self.render_version + self.server_version
+                + self.headroom_version)
 
     @property
     def in_flight(self) -> int:
@@ -287,6 +303,24 @@ class Metrics:
         """The records behind the latency windows (replies from the network), oldest first (a new list).
         ``series("total")`` is their totals in the same order."""
         return list(self._replies)
+
+    def headroom(self, provider: str = "") -> Headroom | None:
+        """``provider``'s rate-limit headroom from its last reply that sent x-ratelimit-* headers (any
+        provider's last, without a name); None before one."""
+        if provider:
+            return self._headroom.get(provider)
+        return next(reversed(self._headroom.values()), None)
+
+    @property
+    def pending_hold(self) -> str | None:
+        """The live hold line ("client rate limit 1.2 s (requests)") while the client's own limiter holds a
+        request back; None once its attempt went out."""
+        if self._hold is None:
+            return None
+        record, phases, hold = self._hold
+        if record.phases is not phases or record.end_ns is not None:
+            return None  # the attempt after the hold started (a new Phases), or the request ended
+        return str(hold.describe())
 
     @property
     def pending_retry(self) -> str | None:
@@ -413,6 +447,7 @@ class Metrics:
         offs = [
             bus.subscribe(RequestStarted, lambda e: self.observe_started(e.record)),
             bus.subscribe(RetryPlanned, lambda e: self.observe_retry(e.record, e.event)),
+            bus.subscribe(RateLimitHeld, lambda e: self.observe_hold(e.record, e.hold)),
             bus.subscribe(FirstToken, lambda e: self.observe_first_token(e.record)),
             bus.subscribe(RequestDone, lambda e: self.observe_done(e.record)),
             bus.subscribe(WarmupState, self.observe_warmup),
@@ -442,6 +477,13 @@ class Metrics:
         """A retry is planned (``event`` is a RetryEvent: ``describe()``, ``wait_s``): ``pending_retry``."""
         self.retries += 1
         self._retry = (record, record.phases, event, time.perf_counter_ns())
+        self.requests_version += 1
+        self._changed()
+
+    def observe_hold(self, record: TimingRecord, hold: Any) -> None:
+        """The client's limiter holds ``record`` back (``hold``: a Hold, ``describe()``): ``pending_hold``."""
+        self.holds += 1
+        self._hold = (record, record.phases, hold)
         self.requests_version += 1
         self._changed()
 
@@ -488,6 +530,12 @@ class Metrics:
             self._attributions.append((self.last_attribution, self.last_groups))
             self._shares = None
         self._add_cost(record)
+        if self._hold is not None and self._hold[0] is record:
+            self._hold = None
+        if record.headroom is not None:
+            self._headroom.pop(record.provider, None)  # popped and put back: the last heard is last
+            self._headroom[record.provider] = record.headroom
+            self.headroom_version += 1
         self.requests_version += 1
         self.done_version += 1
         self._changed()
@@ -552,8 +600,7 @@ class Metrics:
         if record.cache_hit:
             cost = 0.0  # answered from the disk cache: nothing was billed
         elif record.usage_from_server and record.prompt_tokens is not None:
-            cost = (record.prompt_tokens * price.input_per_mtok
-                    + record.output_tokens * price.output_per_mtok) / 1_000_000
+            cost = price.cost(record.prompt_tokens, record.output_tokens)
         else:
             # No usage from the server (an error, a cancel, a server that does not send it): a guess from
             # chunk counts would look exact and be wrong, so it is counted as unknown instead.
@@ -562,3 +609,4 @@ class Metrics:
             return
         self.cost_last = cost
         self.cost_total = (self.cost_total or 0.0) + cost
+        self.cost_by_mode[record.mode] = self.cost_by_mode.get(record.mode, 0.0) + cost

@@ -26,7 +26,7 @@ from llmchat.core.server._embeddings import embed, encode_base64
 from llmchat.core.server._encode import dumps, timing
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import MAX_BODY, ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
-from llmchat.core.server._replies import count_tokens
+from llmchat.core.server._replies import chat_charge, count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
 
 Handler = Callable[[Exchange], Awaitable[None]]
@@ -39,7 +39,7 @@ class ServerApp:
         self.settings = settings
         self.registry = registry
         self.models = list(settings.models)
-        self.limiter = RateLimiter(settings.rate_limit)
+        self.limiter = RateLimiter(settings.rate_limit, settings.rate_limit_window_s, settings.rate_limit_tokens)
         self.dice = FaultDice(settings.seed, settings.error_rate, settings.drop_rate, settings.jitter_ms)
         self.chat = ChatResponder(settings, registry, self.dice)
         self.batches = BatchEmulator(settings, self.chat, self.models, self._authorize)
@@ -159,23 +159,36 @@ class ServerApp:
                 )
         return token or None
 
-    def _limit(self, ex: Exchange, token: str | None) -> None:
-        if self.limiter.limit <= 0:
+    def _limit(self, ex: Exchange, token: str | None, *, chat: bool = False) -> None:
+        limiter = self.limiter
+        if not limiter.active:
             return
-        decision = self.limiter.check(RateLimiter.bucket(token), asyncio.get_running_loop().time())
-        ex.extra_headers += [
-            (b"x-ratelimit-limit-requests", str(decision.limit).encode()),
-            (b"x-ratelimit-remaining-requests", str(decision.remaining).encode()),
-            (b"x-ratelimit-reset-requests", format_reset(decision.reset_s).encode()),
-        ]
+        tokens = chat_charge(ex.body, self.settings.default_max_tokens) if limiter.token_limit and chat else 0
+        decision = limiter.check(RateLimiter.bucket(token), asyncio.get_running_loop().time(), tokens)
+        if limiter.limit:
+            ex.extra_headers += [
+                (b"x-ratelimit-limit-requests", str(decision.limit).encode()),
+                (b"x-ratelimit-remaining-requests", str(decision.remaining).encode()),
+                (b"x-ratelimit-reset-requests", format_reset(decision.reset_s).encode()),
+            ]
+        if limiter.token_limit:
+            ex.extra_headers += [
+                (b"x-ratelimit-limit-tokens", str(decision.token_limit).encode()),
+                (b"x-ratelimit-remaining-tokens", str(decision.tokens_remaining).encode()),
+                (b"x-ratelimit-reset-tokens", format_reset(decision.tokens_reset_s).encode()),
+            ]
         if not decision.allowed:
-            wait = decision.reset_s
+            wait = decision.retry_s
+            if decision.exceeded == "tokens":
+                message = (f"Rate limit reached for tokens per minute (TPM): Limit {decision.token_limit}, "
+                           f"Remaining {decision.tokens_remaining}, Requested {tokens}.")
+            else:
+                message = (f"Rate limit reached for requests per minute (RPM): Limit {decision.limit}, "
+                           f"Used {decision.limit}, Requested 1.")
             raise HTTPFailure(
                 429,
-                "Rate limit reached for requests per minute (RPM): "
-                f"Limit {decision.limit}, Used {decision.limit}, "
-                f"Requested 1. Please try again in {format_reset(wait)}.",
-                type_="requests",
+                f"{message} Please try again in {format_reset(wait)}.",
+                type_=decision.exceeded,
                 code="rate_limit_exceeded",
                 headers=[
                     (b"retry-after", str(max(1, math.ceil(wait))).encode()),
@@ -223,7 +236,7 @@ class ServerApp:
 
     async def _chat(self, ex: Exchange) -> None:
         token = self._authorize(ex)
-        self._limit(ex, token)
+        self._limit(ex, token, chat=True)
         request = parse_chat(parse_json(ex.body), self.models)
         await self.chat.reply(ex, request)
 

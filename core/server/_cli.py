@@ -72,7 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="a model unused this long pays the cold start again (0 never)",
     )
-    a("--rate-limit", type=int, metavar="N", help="requests per minute per API key before 429 (0: no limit)")
+    a("--rate-limit", type=int, metavar="N", help="requests per minute per API key before 429 (0: no limit); "
+      "a refilling bucket, its state in x-ratelimit-*-requests headers")
+    a("--rate-limit-tokens", type=int, metavar="N",
+      help="tokens per minute per API key (prompt plus max_tokens) before 429 (0: no limit)")
+    a("--rate-limit-window-s", type=float, metavar="S",
+      help="the span both limits count over (default 60: per minute; shorter makes a test quick)")
     a("--error-rate", type=float, metavar="P", help="probability of a 500/502/503 reply")
     a("--drop-rate", type=float, metavar="P", help="probability that a stream's connection is cut mid-way")
     a("--stall-ms", type=float, metavar="MS", help="a pause this long in the middle of every stream")
@@ -187,6 +192,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "cold_start_ms",
         "idle_unload_s",
         "rate_limit",
+        "rate_limit_tokens",
+        "rate_limit_window_s",
         "error_rate",
         "drop_rate",
         "stall_ms",

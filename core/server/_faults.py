@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections import deque
 from dataclasses import dataclass
 
 
@@ -21,20 +20,36 @@ class RateDecision:
     limit: int
     remaining: int
     reset_s: float
-    """Seconds until the oldest request in the window leaves it (a slot frees up)."""
+    """Seconds until the requests bucket is full again (OpenAI's x-ratelimit-reset-requests)."""
+    token_limit: int = 0
+    tokens_remaining: int = 0
+    tokens_reset_s: float = 0.0
+    """Seconds until the tokens bucket is full again (x-ratelimit-reset-tokens)."""
+    retry_s: float = 0.0
+    """Refused: seconds until this request would pass (Retry-After)."""
+    exceeded: str = ""
+    """Refused: which limit, "requests" or "tokens"."""
 
 
 class RateLimiter:
-    """``limit`` requests per sliding ``window_s`` per key; ``limit`` 0 allows everything.
+    """Per key, ``limit`` requests and ``token_limit`` tokens per ``window_s``, as buckets that refill
+    continuously (OpenAI's limits behave so: its reset headers are the time until the bucket is full again);
+    0 is no limit of that kind. A request is charged its tokens (prompt plus max_tokens) as it arrives.
 
     Keys are digests of the bearer token (so no key is ever held in the clear); requests without a token share
     the bucket ``anonymous``.
     """
 
-    def __init__(self, limit: int, window_s: float = 60.0) -> None:
+    def __init__(self, limit: int, window_s: float = 60.0, token_limit: int = 0) -> None:
         self.limit = limit
+        self.token_limit = token_limit
         self.window_s = window_s
-        self._log: dict[str, deque[float]] = {}
+        # bucket -> [requests left, tokens left, when last refilled]
+        self._state: dict[str, list[float]] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.limit > 0 or self.token_limit > 0
 
     @staticmethod
     def bucket(token: str | None) -> str:
@@ -43,18 +58,43 @@ class RateLimiter:
             return "anonymous"
         return hashlib.sha256(token.encode()).hexdigest()[:16]
 
-    def check(self, bucket: str, now: float) -> RateDecision:
-        """Count a request at ``now`` (seconds, monotonic) unless the window is full. Never fails."""
-        if self.limit <= 0:
+    def check(self, bucket: str, now: float, tokens: int = 0) -> RateDecision:
+        """Count a request of ``tokens`` at ``now`` (seconds, monotonic) unless a bucket lacks room. Never
+        fails; a request larger than the whole tokens bucket is let through a full one."""
+        if not self.active:
             return RateDecision(True, 0, 0, 0.0)
-        log = self._log.setdefault(bucket, deque())
-        while log and log[0] <= now - self.window_s:
-            log.popleft()
-        allowed = len(log) < self.limit
+        state = self._state.get(bucket)
+        if state is None:
+            state = self._state[bucket] = [float(self.limit), float(self.token_limit), now]
+        elapsed = max(0.0, now - state[2])
+        state[2] = max(state[2], now)
+        per_s_r = self.limit / self.window_s
+        per_s_t = self.token_limit / self.window_s
+        state[0] = min(float(self.limit), state[0] + elapsed * per_s_r)
+        state[1] = min(float(self.token_limit), state[1] + elapsed * per_s_t)
+        need_t = min(tokens, self.token_limit)
+        short_r = 1.0 - state[0] if self.limit > 0 else 0.0
+        short_t = need_t - state[1] if self.token_limit > 0 else 0.0
+        allowed = short_r <= 1e-9 and short_t <= 1e-9
+        retry, exceeded = 0.0, ""
         if allowed:
-            log.append(now)
-        reset = log[0] + self.window_s - now if log else 0.0
-        return RateDecision(allowed, self.limit, self.limit - len(log), max(0.0, reset))
+            state[0] -= 1 if self.limit > 0 else 0
+            state[1] -= need_t
+        else:
+            wait_r = short_r / per_s_r if short_r > 0 else 0.0
+            wait_t = short_t / per_s_t if short_t > 0 else 0.0
+            retry, exceeded = (wait_r, "requests") if wait_r >= wait_t else (wait_t, "tokens")
+        return RateDecision(
+            allowed,
+            self.limit,
+            max(0, math.floor(state[0] + 1e-9)),
+            (self.limit - state[0]) / per_s_r if self.limit > 0 else 0.0,
+            self.token_limit,
+            max(0, math.floor(state[1] + 1e-9)),
+            (self.token_limit - state[1]) / per_s_t if self.token_limit > 0 else 0.0,
+            retry,
+            exceeded,
+        )
 
 
 def format_reset(seconds: float) -> str:

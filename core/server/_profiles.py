@@ -106,6 +106,10 @@ def validate_settings(settings: ServerSettings) -> None:
             raise UsageError(f"server.{name} must be a probability between 0 and 1, got {value!r}")
     _check_int(settings, "port", 0, 65535)
     _check_int(settings, "rate_limit", 0, 10**9)
+    _check_int(settings, "rate_limit_tokens", 0, 10**12)
+    window = settings.rate_limit_window_s
+    if not _is_number(window) or not math.isfinite(window) or window <= 0:
+        raise UsageError(f"server.rate_limit_window_s must be a positive number of seconds, got {window!r}")
     _check_int(settings, "max_concurrency", 0, 10**6)
     _check_int(settings, "reasoning_tokens", 0, MAX_REASONING_TOKENS)
     _check_int(settings, "max_requests_per_connection", 0, 10**8)

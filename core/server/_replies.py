@@ -33,6 +33,22 @@ def count_tokens(text: str) -> int:
     return sum(1 for _ in _TOKEN.finditer(text))
 
 
+def chat_charge(body: bytes, default_max_tokens: int) -> int:
+    """What a chat request counts against a tokens-per-minute limit as it arrives, as OpenAI counts it: its
+    prompt tokens plus the max_tokens it asks for (the server's default when it names none). A body that is
+    not a chat request is charged 0 here; its 400 comes from the parser after."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return 0
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+        return 0
+    messages = [m for m in obj["messages"] if isinstance(m, dict)]
+    asked = obj.get("max_completion_tokens", obj.get("max_tokens"))
+    out = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else default_max_tokens
+    return count_prompt_tokens(messages) + out
+
+
 def count_prompt_tokens(messages: Sequence[dict[str, object]]) -> int:
     """Prompt tokens as OpenAI counts them for chat: each message's text plus a few tokens of framing."""
     total = 3

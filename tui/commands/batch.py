@@ -13,6 +13,7 @@ from llmchat.core import ChatClient, Http2Mode, Pools, Settings, load_settings
 from llmchat.core import text as _text
 from llmchat.core.errors import UsageError
 from llmchat.core.load import (
+    Actuals,
     Job,
     JobSummary,
     OutputLock,
@@ -24,8 +25,10 @@ from llmchat.core.load import (
     run_jobs,
     split_lines,
 )
-from llmchat.core.observe import TimingRecord, attach_observers
+from llmchat.core.observe import TimingRecord, attach_observers, prices_from_settings
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _batch_api, _options
+from llmchat.tui.commands._estimate_report import beside_actual, run_estimate, saved_estimate
 from llmchat.tui.commands._provider import offline_default
 
 
@@ -47,6 +50,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "batch.poll_interval_s; its id is kept in OUT.batch.json so a rerun collects it")
     p.add_argument("--cancel", action="store_true",
                    help="cancel the batch recorded for OUT (--via batch-api) and keep what it finished")
+    p.add_argument("--estimate", action="store_true",
+                   help="send nothing: print tokens in and out, cost and expected duration per path (direct "
+                   "streaming, direct whole replies, Batch API), and keep it beside OUT for the real run")
+    p.add_argument("--sample", type=_options.number(1, integer=True), metavar="N",
+                   help="with --estimate: measure latency and reply length on the first N jobs first (sent "
+                   "streamed and whole: 2N requests)")
+    p.add_argument("--sla-s", type=_options.number(0), metavar="S",
+                   help="with --estimate: which paths finish every job within S seconds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -62,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
     out_path = Path(args.output)
     # Everything that can be wrong with -o is said before the first request goes out.
     check_output(out_path)
+    if (args.sample or args.sla_s is not None) and not args.estimate:
+        raise UsageError("--sample and --sla-s go with --estimate; add --estimate, or drop them to run the jobs")
+    if args.estimate:
+        with offline_default(settings, args.provider, args.base_url, quiet=True) as (base_url, http2, model):
+            args.model = args.model or model
+            return run_estimate(args, settings, jobs, out_path, base_url, http2)
+    estimated = saved_estimate(out_path)
+    actual = Actuals(prices_from_settings(settings.ui.prices))
     with OutputLock(out_path):
         done = read_done(out_path)
         if args.retry_failed:
@@ -82,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     outcome = asyncio.run(_batch_api.run(args, settings, todo, out, out_path, base_url, http2,
                                                          summary, progress))
                 else:
-                    asyncio.run(_run(args, settings, todo, out, base_url, http2, summary))
+                    asyncio.run(_run(args, settings, todo, out, base_url, http2, summary, actual))
             except KeyboardInterrupt:
                 # asyncio.run cancelled the run: the jobs in flight were cancelled and wrote nothing.
                 interrupted = True
@@ -91,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
     summary.total = len(todo)
     summary.skipped = len(jobs) - len(todo)
     summary.bad_lines = bad
+    actual.stop()
     print(summary_table(summary), file=sys.stderr)
+    if estimated is not None and estimated.jobs == len(jobs) and not summary.skipped and not interrupted:
+        compared = "batch-api" if args.via == "batch-api" else "batch"  # the direct path sends whole replies
+        print(beside_actual(estimated, actual, path=compared), file=sys.stderr)
     earlier = len(done.failed & {j.id for j in jobs})
     if earlier and not args.retry_failed:
         print(f"llmchat: {earlier} job{'s' if earlier != 1 else ''} failed in an earlier run and "
@@ -133,14 +156,20 @@ def _read_input(name: str) -> str:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, todo: list[Job], out: TextIO,
-               base_url: str | None, http2: Http2Mode | None, summary: JobSummary) -> JobSummary:
+               base_url: str | None, http2: Http2Mode | None, summary: JobSummary,
+               actual: Actuals | None = None) -> JobSummary:
     progress = Progress(len(todo), enabled=not args.quiet and sys.stderr.isatty())
-    async with Pools() as pools, ChatClient(settings, provider=args.provider, base_url=base_url,
-                                            model=args.model, http2=http2, api_key_env=args.api_key_env,
-                                            pools=pools) as client:
+    async with Pools() as pools, ChatClient(settings, provider=args.provider, base_url=base_url, model=args.model,
+                          http2=http2, api_key_env=args.api_key_env,
+                          pools=pools, limits=RateLimits.from_settings(settings.providers)) as client:
         observers = attach_observers(client.bus, settings)
         try:
-            return await run_jobs(client, todo, out, on_result=progress.update, summary=summary)
+            def on_result(job: Job, record: TimingRecord | None, error: str | None) -> None:
+                progress.update(job, record, error)
+                if actual is not None:
+                    actual.add(record)
+
+            return await run_jobs(client, todo, out, on_result=on_result, summary=summary)
         finally:
             progress.close()
             await observers.aclose()

@@ -39,6 +39,7 @@ from llmchat.core.load import (
     parse_configs,
 )
 from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
@@ -91,6 +92,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--max-connections", type=int, metavar="N",
       help="pool size of every configuration (default: one connection per user, or the open loop's in-flight "
       "cap); nopool has no limit")
+    a("--rate-limit-client", action="store_true",
+      help="hold requests back in the client before the provider's rate limit (providers.NAME.rate_limit_rpm, "
+      "_tpm, and the x-ratelimit-* headers), as llmchat batch and the app do; off by default, since a load "
+      "test may want to hit the limit")
     a("--quiet", action="store_true", help="no progress line")
     _options.add(p, "endpoint", "metrics", help={"--metrics-port": "serve the run's Prometheus metrics at "
                  "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)"})
@@ -155,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
             offline_default(settings, args.provider, args.base_url, quiet=args.quiet))
         target = Target(settings=settings, provider=args.provider, base_url=url, http2=http2,
                         model=args.model or model, max_connections=args.max_connections, bus=bus,
-                        api_key_env=args.api_key_env)
+                        api_key_env=args.api_key_env,
+                        limits=RateLimits.from_settings(settings.providers) if args.rate_limit_client else None)
         warning = pool_warning(scenario, configs, args.max_connections)
         if warning:
             print(warning, file=sys.stderr)

@@ -10,6 +10,7 @@ import argparse
 
 from llmchat.core import ChatClient, Pools, load_settings
 from llmchat.core.history import HistoryStore
+from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
 
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         # One set of pools for the session, which the app closes: every client it opens shares them.
         pools = Pools()
         client = ChatClient(settings, provider=args.provider or ("local" if offline else None), base_url=base_url,
-                            model=args.model or model, http2=http2, api_key_env=args.api_key_env, pools=pools)
+                            model=args.model or model, http2=http2, api_key_env=args.api_key_env, pools=pools,
+                            limits=RateLimits.from_settings(settings.providers))
         # Named on the command line: a conversation resumed at start goes on with these, not its own.
         pinned = bool(args.provider or args.model or args.base_url)
         app = make_app(settings=settings, client=client, store=HistoryStore(),

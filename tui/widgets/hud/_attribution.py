@@ -36,6 +36,7 @@ MIN_SHARE = 0.005
 #: rather than solid so that they read as unknown even without colour.
 GROUP_LOOK: dict[str, tuple[str, str, str]] = {
     "client": ("client", "█", "$success"),
+    "limit": ("client rate limit", "█", "$warning"),
     "network": ("network", "█", "$primary"),
     "network+server": ("network + server (not reported)", "▒", "$primary"),
     "server": ("server", "█", "$accent"),

@@ -27,6 +27,7 @@ from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
 from llmchat.tui.widgets.hud._detail import HudDetail
 from llmchat.tui.widgets.hud._figures import Targets
+from llmchat.tui.widgets.hud._headroom import HeadroomLines
 from llmchat.tui.widgets.hud._lag import RenderLagLine
 from llmchat.tui.widgets.hud._pending import PendingPanel
 from llmchat.tui.widgets.hud._server import ServerLine
@@ -92,7 +93,7 @@ class Hud(VerticalScroll, can_focus=True):
         self._ticking = False
         self._offs: list[Callable[[], None]] = []
         # The versions each part last painted; -1 forces the first paint.
-        self._seen = {"requests": -1, "done": -1, "connection": -1, "render": -1, "server": -1}
+        self._seen = {"requests": -1, "done": -1, "connection": -1, "render": -1, "server": -1, "headroom": -1}
         self._was_pending = False
         self._retry_shown: str | None = None
         self.frames = 0
@@ -100,6 +101,7 @@ class Hud(VerticalScroll, can_focus=True):
 
         self.connection_panel = ConnectionPanel(id="hud-connection")
         self.server_line = ServerLine(id="hud-server")
+        self.headroom_lines = HeadroomLines(id="hud-headroom")
         self.pending_panel = PendingPanel(id="hud-pending")
         self.charts_title = Static(self._charts_title(), classes="hud-title")
         self.charts = HudCharts(id="hud-charts")
@@ -117,6 +119,7 @@ class Hud(VerticalScroll, can_focus=True):
             yield Static("connection", classes="hud-title -first")
             yield self.connection_panel
             yield self.server_line
+            yield self.headroom_lines
             yield self.pending_panel
             yield self.lag_line
         with Vertical(id="hud-history", classes="hud-box"):
@@ -154,7 +157,7 @@ class Hud(VerticalScroll, can_focus=True):
         return Targets.from_ui(self.ui)
 
     def watch_provider(self) -> None:
-        self._seen["connection"] = self._seen["server"] = -1
+        self._seen["connection"] = self._seen["server"] = self._seen["headroom"] = -1
         self.wake()
 
     watch_model = watch_host = watch_provider
@@ -207,7 +210,7 @@ class Hud(VerticalScroll, can_focus=True):
             seen["connection"] = m.connection_version
             self.connection_panel.show(self.endpoint(), m.connection)
             painted = True
-        retry = m.pending_retry  # it ends when the next attempt's headers come, which is not an event
+        retry = m.pending_retry or m.pending_hold  # it ends when the next attempt's headers come, which is not an event
         if seen["requests"] != m.requests_version or retry != self._retry_shown:
             seen["requests"] = m.requests_version
             self._retry_shown = retry
@@ -217,6 +220,11 @@ class Hud(VerticalScroll, can_focus=True):
             seen["server"] = m.server_version
             # The shown provider's scrape only: another provider's queue says nothing about this one.
             self.server_line.show(m.server_state(self.provider) if self.provider else m.server_state())
+            painted = True
+        if seen["headroom"] != m.headroom_version:
+            seen["headroom"] = m.headroom_version
+            self.headroom_lines.show(m.headroom(self.provider) if self.provider else m.headroom(),
+                                     self.ui.headroom_warn)
             painted = True
         if seen["render"] != m.render_version:
             seen["render"] = m.render_version

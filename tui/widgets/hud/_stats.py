@@ -88,13 +88,18 @@ def _cost(metrics: Metrics) -> Content:
     sign = "≥" if metrics.cost_unknown else "≈"
     last = "?" if metrics.cost_last is None else money(metrics.cost_last)
     total = money(metrics.cost_total or 0.0)
-    return Content.assemble(f"cost {sign} {total}", (f" · last {last}", MUTED_STYLE))
+    parts: list[str | tuple[str, str]] = [f"cost {sign} {total}"]
+    if len(metrics.cost_by_mode) > 1 or "batch" in metrics.cost_by_mode:
+        # The session's cost per mode, so streaming's price beside batch's is seen as it adds up.
+        parts += [(f" · {mode} {money(cost)}", MUTED_STYLE) for mode, cost in sorted(metrics.cost_by_mode.items())]
+    parts.append((f" · last {last}", MUTED_STYLE))
+    return Content.assemble(*parts)
 
 
 def render_stats(metrics: Metrics, targets: Targets, *, with_cost: bool) -> list[Content]:
     """The stats block, one figure per line: the table (with a target line under each coloured row), the
     counters, the live retry line (blank when no retry is pending) and, ``with_cost``, the cost."""
-    retry = metrics.pending_retry
+    retry = metrics.pending_retry or metrics.pending_hold
     lines = [
         *_table(metrics, targets),
         Content(f"{plural(metrics.requests, 'request')} · {metrics.in_flight} in flight · "
