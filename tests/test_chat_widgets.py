@@ -521,10 +521,13 @@ async def test_a_reply_removed_while_a_frame_is_due_renders_no_more() -> None:
         await app.next_frame()
         message.append("two")  # due in half a second
         await conversation.clear()
+        # Whatever a loaded machine let through before the removal, nothing renders after it: neither the
+        # frame that was due nor one for a late token.
+        at_removal = message.renders
         await pilot.pause(0.7)
         message.append(" and a late one")
         await pilot.pause(0.7)
-        assert message.renders == 1
+        assert message.renders == at_removal <= 2
 
 
 # -- the conversation
