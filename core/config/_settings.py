@@ -76,6 +76,9 @@ class ProviderSettings:
     metrics_interval_s: float = 2.0
     """Seconds between scrapes of metrics_url while the chat app or llmchat bench runs (llmchat ask scrapes
     once, beside its request)."""
+    context_window: int = 0
+    """The model's context window in tokens, for fitting a long conversation into it; 0 learns it from the
+    server's /models (vLLM's max_model_len, llama.cpp's meta.n_ctx_train), else fits nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +156,9 @@ class UISettings:
     export_dir: str = ""
     """The folder the app's exports go to (an absolute path, or one starting with ~/); empty means
     $XDG_DATA_HOME/llmchat/exports. An export never replaces a file: a taken name gets a number."""
+    attachment_max_kb: int = 512
+    """The largest file that can be attached to a message (/file PATH, the attach key, llmchat ask -f), in
+    KB; a text file goes in as a fenced block, an image as a data URI for vision models."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +220,12 @@ class ServerSettings:
     """Retire a connection after this many requests, as nginx does by default (keepalive_requests): HTTP/1.1
     with Connection: close on the last response, HTTP/2 with a GOAWAY as the last request arrives, finishing
     the streams up to it; 0 keeps connections open for good (long benchmarks)."""
+    context_window: int = 0
+    """The context window /v1/models reports (as vLLM's max_model_len and llama.cpp's meta.n_ctx_train); a
+    chat whose prompt and max_tokens do not fit in it is refused with 400, as vLLM does; 0 reports none."""
+    vision: bool = False
+    """Take image_url parts in chat messages; without it they are refused with 400, as by a llama.cpp
+    server started without a vision projector."""
 
 
 @dataclass(frozen=True, kw_only=True)

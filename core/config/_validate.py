@@ -84,6 +84,7 @@ RULES: dict[str, Rule] = {
         "an http:// or https:// URL, or empty", lambda v: v == "" or _is_http_url(v)
     ),
     "providers.*.metrics_interval_s": _POSITIVE_SECONDS,
+    "providers.*.context_window": _NON_NEGATIVE_INT,
     "retry.max_attempts": _POSITIVE_INT,
     "retry.base_delay_s": _NON_NEGATIVE_SECONDS,
     "retry.max_delay_s": _NON_NEGATIVE_SECONDS,
@@ -100,6 +101,7 @@ RULES: dict[str, Rule] = {
     "ui.hud_history": _POSITIVE_INT,
     "ui.temperature": Rule("a number from 0 to 2", lambda v: 0 <= v <= 2),
     "ui.max_tokens": _POSITIVE_INT,
+    "ui.attachment_max_kb": _POSITIVE_INT,
     "ui.export_dir": Rule(
         "an absolute path, one starting with ~/, or empty",
         lambda v: v in ("", "~") or v.startswith(("/", "~/")),
@@ -125,6 +127,7 @@ RULES: dict[str, Rule] = {
     "server.embedding_dim": _POSITIVE_INT,
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,
+    "server.context_window": _NON_NEGATIVE_INT,
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

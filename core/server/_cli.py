@@ -120,6 +120,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stream each emoji as a surrogate-pair escape split across two chunks (each valid JSON alone)",
     )
+    a(
+        "--context-window",
+        type=int,
+        metavar="N",
+        help="report a context window of N tokens in /v1/models (vLLM's max_model_len, llama.cpp's "
+        "meta.n_ctx_train) and refuse a chat that does not fit in it with 400, as vLLM does",
+    )
+    a(
+        "--vision",
+        action="store_true",
+        default=None,
+        help="take image_url parts in chat messages (without it they are refused with 400, as by llama.cpp "
+        "without a vision projector)",
+    )
     p.set_defaults(func=run)
 
 
@@ -160,6 +174,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "keyfile",
         "close_after_stream",
         "split_surrogates",
+        "context_window",
+        "vision",
         "rtt_ms",
         "max_requests_per_connection",
     )
