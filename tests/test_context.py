@@ -249,3 +249,21 @@ def test_ask_attaches_files_and_a_bad_one_is_one_line_and_exit_2(
     assert main([*base, "-f", str(tmp_path / "missing.txt")]) == 2
     err = capsys.readouterr().err
     assert err == f"llmchat: cannot attach {tmp_path / 'missing.txt'}: no such file; check the path\n"
+
+
+async def test_a_longer_prompt_costs_the_local_server_prefill_time_it_reports(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    from llmchat.core import attribute
+
+    server = server_factory(profile="instant", prefill_tokens_per_s=5000)
+    long = [{"role": "user", "content": " ".join(["word"] * 1000)}]
+    async with _client(server) as client:
+        chat = client.stream(long, max_tokens=4)
+        async for _ in chat:
+            pass
+        fit = await ContextBudget(client).fit(long)
+    # (1000 words + 7 framing) / 5000 tokens/s: the first token waits at least 201 ms, reported as prefill.
+    prefill = attribute(chat.record).ms("server_prefill")
+    assert fit.prompt_tokens == 1007 and prefill >= 201 and chat.record.ttft_ms is not None
+    assert chat.record.ttft_ms >= prefill

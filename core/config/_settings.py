@@ -223,6 +223,9 @@ class ServerSettings:
     context_window: int = 0
     """The context window /v1/models reports (as vLLM's max_model_len and llama.cpp's meta.n_ctx_train); a
     chat whose prompt and max_tokens do not fit in it is refused with 400, as vLLM does; 0 reports none."""
+    prefill_tokens_per_s: float = 0.0
+    """Prompt processing speed: the first token waits (prompt tokens / this) longer, as on a real server,
+    where a longer history costs prefill time; 0 adds none."""
     vision: bool = False
     """Take image_url parts in chat messages; without it they are refused with 400, as by a llama.cpp
     server started without a vision projector."""

@@ -128,6 +128,7 @@ RULES: dict[str, Rule] = {
     "server.default_max_tokens": _POSITIVE_INT,
     "server.rtt_ms": _NON_NEGATIVE_MS,
     "server.context_window": _NON_NEGATIVE_INT,
+    "server.prefill_tokens_per_s": Rule("a non-negative number of tokens per second", lambda v: v >= 0),
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

@@ -128,6 +128,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "meta.n_ctx_train) and refuse a chat that does not fit in it with 400, as vLLM does",
     )
     a(
+        "--prefill-tokens-per-s",
+        type=float,
+        metavar="N",
+        help="prompt processing speed: the first token waits prompt tokens / N longer (reported as prefill in "
+        "server_timing), so a longer history costs time as on a real server; 0 adds none",
+    )
+    a(
         "--vision",
         action="store_true",
         default=None,
@@ -175,6 +182,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "close_after_stream",
         "split_surrogates",
         "context_window",
+        "prefill_tokens_per_s",
         "vision",
         "rtt_ms",
         "max_requests_per_connection",

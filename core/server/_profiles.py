@@ -60,7 +60,8 @@ PROFILE_SUMMARIES: dict[str, str] = {
 
 _FIELDS = {f.name for f in dataclasses.fields(ServerSettings)}
 _NON_NEGATIVE = (
-    "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms", "idle_unload_s", "stall_ms", "rtt_ms"
+    "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms", "idle_unload_s", "stall_ms", "rtt_ms",
+    "prefill_tokens_per_s",
 )
 _PROBABILITIES = ("error_rate", "drop_rate")
 

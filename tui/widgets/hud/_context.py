@@ -1,8 +1,8 @@
-"""The HUD's context lines: the next request's prompt tokens against the model's window, what was left out
-to fit, and what the prompt cost the server: its reported prefill and that share of time to first token.
+"""The HUD's context lines: the next request's prompt tokens against the model's window, what the prompt
+cost the server (its reported prefill and that share of time to first token), and what was left out to fit.
 
-Two fixed lines, painted with ``layout=False``; hidden until the first request was fitted, so a HUD that
-never sent keeps its layout.
+Three fixed lines (the HUD is 38 columns wide), painted with ``layout=False``; hidden until the first
+request was fitted, so a HUD that never sent keeps its layout.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def prefill_share(attribution: Attribution | None, record: TimingRecord | None) 
 
 def render_context(fit: ContextFit | None, attribution: Attribution | None,
                    record: TimingRecord | None) -> Content:
-    """``prompt 1,234 / 4,096 tokens`` and, under it, ``2 turns left out · prefill 38 ms, 12% of TTFT``."""
+    """``prompt 1,234 / 4,096 tokens``, ``prefill 38 ms, 12% of TTFT`` and ``2 turns left out``."""
     if fit is None:
         return Content("")
     count = f"{fit.prompt_tokens:,}" + (" (estimate)" if fit.counted_by == "estimate" else "")
@@ -38,26 +38,22 @@ def render_context(fit: ContextFit | None, attribution: Attribution | None,
         first += [f"{count} tokens", (" · window unknown", MUTED_STYLE)]
     else:
         first += [f"{count} / {fit.window:,} tokens"]
-    second: list[str | tuple[str, str]] = []
-    if fit.turns_left_out:
-        second.append((f"{plural(fit.turns_left_out, 'turn', 'turns')} left out", WARN_STYLE))
     share = prefill_share(attribution, record)
+    second: list[str | tuple[str, str]] = [("prefill not reported by the server", MUTED_STYLE)]
     if share is not None:
-        if second:
-            second.append((" · ", MUTED_STYLE))
-        ms, part = share
-        second += [("prefill ", MUTED_STYLE), f"{ms:.0f} ms, {part:.0%} of TTFT"]
-    elif not second:
-        second.append(("prefill not reported by the server", MUTED_STYLE))
-    return Content.assemble(*first, "\n", *second)
+        second = [("prefill ", MUTED_STYLE), f"{share[0]:.0f} ms, {share[1]:.0%} of TTFT"]
+    third: tuple[str, str] = ("nothing left out", MUTED_STYLE)
+    if fit.turns_left_out:
+        third = (f"{plural(fit.turns_left_out, 'earlier turn', 'earlier turns')} left out", WARN_STYLE)
+    return Content.assemble(*first, "\n", *second, "\n", third)
 
 
 class ContextLine(Static):
-    """The two context lines; ``show`` repaints them without a re-layout once they are shown."""
+    """The three context lines; ``show`` repaints them without a re-layout once they are shown."""
 
     DEFAULT_CSS = """
     ContextLine {
-        height: 2;
+        height: 3;
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }
