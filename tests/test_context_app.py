@@ -70,7 +70,7 @@ async def test_a_history_past_a_small_window_leaves_out_the_oldest_turns_and_say
     assert record["prompt_tokens"] <= 260 - 24
     assert notes and notes[-1].endswith(f"left out to fit the 260-token context window "
                                         f"({record['prompt_tokens']} tokens sent, 24 kept for the reply)")
-    assert f"prompt {record['prompt_tokens']} / 260 tokens" in hud and "earlier turns left out" in hud
+    assert f"prompt {record['prompt_tokens']} / 260 tok · " in hud and " turns out" in hud
     # Nothing is lost: the history keeps every turn; only the request leaves the oldest out.
     assert len(saved) == 16
 
@@ -86,9 +86,9 @@ async def test_the_hud_shows_prompt_tokens_and_the_prefill_share_of_time_to_firs
         await _until(pilot, lambda: "of TTFT" in _context_text(app))
         text = _context_text(app)
         record = (await _last_reply(app)).record
-        assert hud.context_title.display
-    assert f"prompt {record['prompt_tokens']} / 4,096 tokens" in text
-    assert "nothing left out" in text and "prefill " in text
+        assert hud.context_line.display
+    assert f"prompt {record['prompt_tokens']} / 4,096 tok · all in" in text
+    assert "turns out" not in text and "prefill " in text
 
 
 async def test_a_message_too_long_for_the_window_is_one_line_sends_nothing_and_stays_in_the_prompt(

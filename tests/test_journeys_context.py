@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 from terminal import Terminal, TerminalSession
-from test_journeys import REPLY_S, STEP_S, _serve, replies_ended, start_ready, type_prompt, wait_stored
+from test_journeys import (
+    PLACEHOLDER,
+    REPLY_S,
+    START_S,
+    STEP_S,
+    _serve,
+    replies_ended,
+    type_prompt,
+    wait_stored,
+)
 
 from llmchat.core.server._subprocess import SubprocessServer
 
@@ -28,7 +37,10 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer
 def _start(terminals: TerminalSession, server: SubprocessServer) -> Terminal:
     terminals.write_config(f'[providers.local]\nbase_url = "{server.base_url}"\nhttp = {{ http2 = "h2c" }}\n'
                            "[ui]\nmax_tokens = 24\n")
-    return start_ready(terminals)
+    # Tall enough for the HUD's context lines, which come after its figures.
+    t = terminals.start(rows=60)
+    t.wait_for(lambda s: "⏎ Send" in s and PLACEHOLDER in s, START_S, what="the app ready for a prompt")
+    return t
 
 
 def test_a_conversation_past_a_small_window_goes_on_and_the_screen_says_what_was_left_out(
@@ -42,8 +54,8 @@ def test_a_conversation_past_a_small_window_goes_on_and_the_screen_says_what_was
     assert [m.status for m in replies] == ["done"] * 9  # the server refuses any request past its window
     last = replies[-1].record
     assert last is not None and last["prompt_tokens"] <= WINDOW - 24
-    context = f"prompt {last['prompt_tokens']} / {WINDOW} tokens"
-    t.wait_for(lambda s: context in s and "earlier turns left out" in s, STEP_S, what="the HUD's context lines")
+    context = f"prompt {last['prompt_tokens']} / {WINDOW} tok · "
+    t.wait_for(lambda s: context in s and " turns out" in s, STEP_S, what="the HUD's context lines")
 
 
 def test_a_file_attached_with_ctrl_t_and_path_completion_goes_in_as_a_fenced_block(

@@ -190,8 +190,8 @@ class ChatApp(App[None]):
         self.continue_last = continue_last
         self.system_prompt = ""
         self.history: list[dict[str, Any]] = []
-        self._budgets: dict[int, ContextBudget] = {}
-        """Each client's token counts and context window, by the client's id: kept for the session."""
+        self._budgets: dict[ChatClient, ContextBudget] = {}
+        """Each client's token counts and context window: kept for the session."""
         self.warmer: Warmer | None = None
         self.metrics_port = metrics_port
         self.signals: ServerSignals | None = None
@@ -734,9 +734,9 @@ class ChatApp(App[None]):
     async def _fit(self, messages: list[dict[str, Any]]) -> ContextFit:
         """``messages`` fitted into the model's context window (see ContextBudget); ContextOverflowError
         when the last message alone does not fit."""
-        budget = self._budgets.get(id(self.client))
-        if budget is None or budget.client is not self.client:
-            budget = self._budgets[id(self.client)] = ContextBudget(self.client)
+        budget = self._budgets.get(self.client)
+        if budget is None:
+            budget = self._budgets[self.client] = ContextBudget(self.client)
         return await budget.fit(messages, max_tokens=self.generation.max_tokens)
 
     def _show_fit(self, fit: ContextFit) -> None:
@@ -835,7 +835,7 @@ class ChatApp(App[None]):
             note = error or (reply_note(record.summary()) if record is not None else "")
             reply.finish(status="cancelled" if status == "interrupted" else status, note=note)
             partial = reply.text
-            if status == "error" and self.history and self.history[-1]["role"] == "user":
+            if status == "error" and not partial and self.history and self.history[-1]["role"] == "user":
                 # The prompt went back into the input: it is not part of what the next request carries.
                 self.history.pop()
             if partial:

@@ -171,9 +171,8 @@ class ContextBudget:
         if self._windows is None or (not self._windows and time.monotonic() - self._windows_at > _MODELS_RETRY_S):
             self._windows_at = time.monotonic()
             try:
-                async with self.client.transport.request("GET", "models", phases=Phases()) as resp:
-                    data = await asyncio.wait_for(resp.aread(), self.timeout_s)
-                self._windows = parse_windows(data) if resp.status < 400 else {}
+                # Bounded as a whole, connecting included: the user is waiting to send.
+                self._windows = await asyncio.wait_for(self._fetch_windows(), self.timeout_s)
             except (errors.APIError, TimeoutError):
                 self._windows = {}
         windows = self._windows
@@ -182,6 +181,11 @@ class ContextBudget:
         # No model named: the first one listed is the one a request would take.
         value = windows.get(model) if model else next(iter(windows.values()))
         return (value, "server") if value else (None, "")
+
+    async def _fetch_windows(self) -> dict[str, int]:
+        async with self.client.transport.request("GET", "models", phases=Phases()) as resp:
+            data = await resp.aread()
+        return parse_windows(data) if resp.status < 400 else {}
 
     async def _server_count(self, text: str, model: str) -> int | None:
         body = json.dumps({"content": text, "prompt": text, "model": model, "add_special_tokens": False},

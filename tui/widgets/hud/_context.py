@@ -1,8 +1,8 @@
 """The HUD's context lines: the next request's prompt tokens against the model's window, what the prompt
 cost the server (its reported prefill and that share of time to first token), and what was left out to fit.
 
-Three fixed lines (the HUD is 38 columns wide), painted with ``layout=False``; hidden until the first
-request was fitted, so a HUD that never sent keeps its layout.
+Two fixed lines at the panel's end (the HUD is 38 columns wide and every row counts), painted with
+``layout=False``; hidden until the first request was fitted, so a HUD that never sent keeps its layout.
 """
 
 from __future__ import annotations
@@ -29,31 +29,33 @@ def prefill_share(attribution: Attribution | None, record: TimingRecord | None) 
 
 def render_context(fit: ContextFit | None, attribution: Attribution | None,
                    record: TimingRecord | None) -> Content:
-    """``prompt 1,234 / 4,096 tokens``, ``prefill 38 ms, 12% of TTFT`` and ``2 turns left out``."""
+    """``prompt 1,234 / 4,096 tok · 2 turns out`` (or ``all in``), then ``prefill 38 ms, 12% of TTFT``."""
     if fit is None:
         return Content("")
     count = f"{fit.prompt_tokens:,}" + (" (estimate)" if fit.counted_by == "estimate" else "")
     first: list[str | tuple[str, str]] = [("prompt ", MUTED_STYLE)]
     if fit.window is None:
-        first += [f"{count} tokens", (" · window unknown", MUTED_STYLE)]
+        first += [f"{count} tok", (" · window unknown", MUTED_STYLE)]
     else:
-        first += [f"{count} / {fit.window:,} tokens"]
+        first += [f"{count} / {fit.window:,} tok"]
+        if fit.turns_left_out:
+            first += [(" · ", MUTED_STYLE), (f"{plural(fit.turns_left_out, 'turn')} out", WARN_STYLE)]
+        else:
+            first.append((" · all in", MUTED_STYLE))
     share = prefill_share(attribution, record)
     second: list[str | tuple[str, str]] = [("prefill not reported by the server", MUTED_STYLE)]
     if share is not None:
         second = [("prefill ", MUTED_STYLE), f"{share[0]:.0f} ms, {share[1]:.0%} of TTFT"]
-    third: tuple[str, str] = ("nothing left out", MUTED_STYLE)
-    if fit.turns_left_out:
-        third = (f"{plural(fit.turns_left_out, 'earlier turn', 'earlier turns')} left out", WARN_STYLE)
-    return Content.assemble(*first, "\n", *second, "\n", third)
+    return Content.assemble(*first, "\n", *second)
 
 
 class ContextLine(Static):
-    """The three context lines; ``show`` repaints them without a re-layout once they are shown."""
+    """The two context lines; ``show`` repaints them without a re-layout once they are shown."""
 
     DEFAULT_CSS = """
     ContextLine {
-        height: 3;
+        height: 2;
+        margin-top: 1;
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }

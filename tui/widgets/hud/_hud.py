@@ -109,8 +109,6 @@ class Hud(VerticalScroll, can_focus=True):
         self.attribution = AttributionPanel(id="hud-attribution")
         self.stats = HudStats(with_cost=bool(self.metrics.prices), id="hud-stats")
         self.lag_line = RenderLagLine(id="hud-lag")
-        self.context_title = Static("context", classes="hud-title")
-        self.context_title.display = False
         self.context_line = ContextLine(id="hud-context")
         self.fit: ContextFit | None = None
         """The last request's fit into the context window (set by the app before it sends)."""
@@ -127,8 +125,6 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.pending_panel
             yield self.lag_line
         with Vertical(id="hud-history", classes="hud-box"):
-            yield self.context_title
-            yield self.context_line
             yield self.charts_title
             yield self.charts
             yield Static("last request", classes="hud-title")
@@ -137,6 +133,9 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.attribution
             yield Static("figures", classes="hud-title")
             yield self.stats
+            # Last: on a 45-row terminal the parts above already fill the panel (a cancel's attribution
+            # wraps to several lines), and the counters there matter more at a glance.
+            yield self.context_line
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -254,7 +253,6 @@ class Hud(VerticalScroll, can_focus=True):
     def show_context(self, fit: ContextFit) -> None:
         """Show the next request's prompt tokens against the window (the prefill share follows its reply)."""
         self.fit = fit
-        self.context_title.display = True
         self.context_line.show(fit, None, None)
 
     # -- actions -------------------------------------------------------------------------------------------
