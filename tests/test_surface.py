@@ -46,6 +46,7 @@ SURFACE: dict[str, list[str]] = {
         "ChatClient", "ChatReply", "ChatStream", "ServerMetricsPoller", "ServerSignals", "Warmer",
         "parse_server_metrics", "scrape_server_metrics", "summarize_snapshots",
         "endpoint_from_settings",
+        "ContextBudget", "ContextFit", "ContextOverflowError", "estimate_tokens",
     ],
     "llmchat.core.config": [
         "BatchSettings", "CacheSettings", "Http2Mode", "HttpSettings", "LogSettings", "ProviderSettings",
@@ -67,6 +68,7 @@ SURFACE: dict[str, list[str]] = {
         "HTTPResponse", "HTTPTransport", "MockRequest", "MockResponse", "MockTransport", "Pools",
         "ToolCall",
         "parse_reset", "read_headroom",
+        "Attachment", "AttachmentError", "message_content", "message_text", "read_attachment", "split_file_lines",
     ],
     "llmchat.core.load": [
         "CLIENT_ERRORS", "CONFIGS", "ConfigStats", "EXACT_LIMIT", "Job", "JobSummary", "LoadRun", "METRICS",

@@ -41,6 +41,7 @@ from llmchat.core import (
     default_config_path,
     resolve_provider,
 )
+from llmchat.core.client import ContextBudget, ContextFit, ContextOverflowError
 from llmchat.core.history import (
     Conversation as SavedConversation,
 )
@@ -57,12 +58,21 @@ from llmchat.core.history import (
     export_records_json,
     save_export,
 )
+from llmchat.core.http import (
+    Attachment,
+    AttachmentError,
+    message_content,
+    message_text,
+    read_attachment,
+    split_file_lines,
+)
 from llmchat.core.observe import TimingRecord, attach_observers, start_exporter
 from llmchat.tui.branches import BranchActions
 from llmchat.tui.checks import check_theme
 from llmchat.tui.fit import fit
 from llmchat.tui.keys import binding, effective_keys, key_label
 from llmchat.tui.palette import ProviderCommands
+from llmchat.tui.paths import PathSuggester
 from llmchat.tui.request_state import RequestWatch
 from llmchat.tui.screens.help import HelpScreen
 from llmchat.tui.screens.history import HistoryScreen
@@ -171,6 +181,7 @@ class ChatApp(BranchActions, App[None]):
         binding("history.open", "history"),
         binding("conversation.new", "new_conversation"),
         binding("help.open", "keys_help"),
+        binding("attach.file", "attach_file"),
         binding("app.quit", "quit", priority=True),
     ]
 
@@ -217,7 +228,9 @@ class ChatApp(BranchActions, App[None]):
         self.conversation_id = conversation_id
         self.continue_last = continue_last
         self.system_prompt = ""
-        self.history: list[dict[str, str]] = []
+        self.history: list[dict[str, Any]] = []
+        self._budgets: dict[ChatClient, ContextBudget] = {}
+        """Each client's token counts and context window: kept for the session."""
         self.warmer: Warmer | None = None
         self.metrics_port = metrics_port
         self.signals: ServerSignals | None = None
@@ -824,6 +837,19 @@ class ChatApp(BranchActions, App[None]):
             self.query_one(PromptInput).restore(event.text)
             self._say_reply_coming()
             return
+        # Files named by /file lines are read, and the request fitted into the context window, before
+        # anything is saved or sent: a file that cannot go or a message too long for the window is one line,
+        # and the text stays in the input as typed.
+        try:
+            prompt, attachments = self._attachments(text)
+            content = message_content(prompt, attachments)
+            fit = await self._fit([*self._messages(), {"role": "user", "content": content}])
+        except (AttachmentError, ContextOverflowError) as exc:
+            self.query_one(PromptInput).restore(event.text)
+            self.notify(str(exc), severity="error", timeout=15, markup=False)
+            self._hold_prompt()
+            return
+        text = message_text(prompt, attachments)
         # Saved before the request goes out: a crash from here on loses nothing the user typed. A message that
         # cannot be saved (the file is locked) goes back into the input and is not sent.
         edit_of = self._editing
@@ -840,12 +866,24 @@ class ChatApp(BranchActions, App[None]):
             # A new branch from the edited prompt: the screen shows it, the old one is kept.
             self._editing, self._edit_saved = None, ""
             await self._show(await self.store.load(self.conversation_id))
+            # The branch now ends with the edited prompt: it goes out as sent (its files included), and the
+            # request is fitted again, to this branch's history.
+            if self.history and self.history[-1]["role"] == "user":
+                self.history[-1] = {"role": "user", "content": content}
+            try:
+                fit = await self._fit(self._messages())
+            except ContextOverflowError as exc:
+                self.notify(f"{exc}; the edited prompt is saved as a branch: edit it again to send it",
+                            severity="error", timeout=15, markup=False)
+                self._hold_prompt()
+                return
         else:
-            self.history.append({"role": "user", "content": text})
+            self.history.append({"role": "user", "content": content})
             view.add_user(text).message_id = msg_id
         reply = view.add_assistant(label=self.client.model)
         self._last_reply = reply
-        self._reply(text, reply, self.stream_mode)
+        self._show_fit(fit)
+        self._reply(event.text.strip(), reply, self.stream_mode, messages=fit.messages)
         self._hold_prompt()  # the prompt held itself when it sent; from here on the worker's state decides
         if not self.sub_title:
             # The store titled the conversation from its first prompt; shown once the request is out.
@@ -879,9 +917,61 @@ class ChatApp(BranchActions, App[None]):
         )
         return await self.store.add_user_message(self.conversation_id, text)
 
+    def _attachments(self, text: str) -> tuple[str, list[Attachment]]:
+        """The prompt without its ``/file PATH`` lines and those files, read; AttachmentError for the first
+        that cannot go."""
+        prompt, paths = split_file_lines(text)
+        limit = self.settings.ui.attachment_max_kb * 1024
+        return prompt, [read_attachment(p, max_bytes=limit) for p in paths]
+
+    async def _fit(self, messages: list[dict[str, Any]]) -> ContextFit:
+        """``messages`` fitted into the model's context window (see ContextBudget); ContextOverflowError
+        when the last message alone does not fit."""
+        budget = self._budgets.get(self.client)
+        if budget is None:
+            budget = self._budgets[self.client] = ContextBudget(self.client)
+        return await budget.fit(messages, max_tokens=self.generation.max_tokens)
+
+    def _show_fit(self, fit: ContextFit) -> None:
+        """The HUD's context lines; one notification when older turns were left out."""
+        hud = self._on_main_screen(Hud)
+        if hud is not None:
+            hud.show_context(fit)
+        if fit.turns_left_out:
+            turns = "1 earlier turn" if fit.turns_left_out == 1 else f"{fit.turns_left_out} earlier turns"
+            self.notify(f"{turns} left out to fit the {fit.window:,}-token context window "
+                        f"({fit.prompt_tokens:,} tokens sent, {fit.reserve:,} kept for the reply)", timeout=6,
+                        markup=False)
+
+    def action_attach_file(self) -> None:
+        """Ask for a file (with path completion) and put a ``/file PATH`` line for it at the prompt's top."""
+        limit = self.settings.ui.attachment_max_kb * 1024
+
+        def check(path: str) -> str:
+            if not path.strip():
+                return "type a path, or Esc to attach nothing"
+            try:
+                read_attachment(path.strip(), max_bytes=limit)
+            except AttachmentError as exc:
+                return str(exc)
+            return ""
+
+        def apply(path: str | None) -> None:
+            if path:
+                prompt = self.query_one(PromptInput)
+                prompt.load_text(f"/file {path.strip()}\n{prompt.text}")
+                prompt.move_cursor(prompt.document.end)
+                prompt.focus()
+
+        hint = (f"a text file (as a fenced block) or an image (for vision models), up to "
+                f"{self.settings.ui.attachment_max_kb:,} KB; → completes the path")
+        self.push_screen(TextInputScreen("Attach a file", "", hint=hint, check=check,
+                                         suggester=PathSuggester()), apply)
+
     @work(exclusive=True, group="reply")
     async def _reply(self, prompt: str, reply: ChatMessage, stream: bool,
-                     alternative_to: ChatMessage | None = None) -> None:
+                     alternative_to: ChatMessage | None = None,
+                     messages: list[dict[str, Any]] | None = None) -> None:
         client = self.client
         params = self.generation.params()  # this conversation's settings, sent with every request
         origin, base_url = self._origin(client)
@@ -911,7 +1001,7 @@ class ChatApp(BranchActions, App[None]):
             except HistoryError as exc:
                 # The prompt is saved; its answer still comes, unsaved, and the user knows.
                 self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
-            messages = self._messages()
+            messages = messages if messages is not None else self._messages()
             extras = ReplyExtras(reply, writer, keep_open=self.settings.ui.show_thinking,
                                  toggle_key=self._thinking_key())
             if stream:
@@ -942,6 +1032,8 @@ class ChatApp(BranchActions, App[None]):
         except APIError as exc:
             record = record or (exc.record if isinstance(exc.record, TimingRecord) else None)
             status, error = "error", str(exc)
+            if isinstance(messages[-1].get("content") if messages else None, list) and exc.status == 400:
+                error += "; the message had an image: use a vision model, or send the text alone"
             self.notify(error, severity="error", timeout=10)
             # Nothing typed is lost: the prompt goes back into the input (a regenerated reply's prompt is
             # saved and still on screen: putting it back would send it twice).
@@ -972,6 +1064,9 @@ class ChatApp(BranchActions, App[None]):
                 reply.set_label(record.model)
             self._update_badge()
             partial = reply.text
+            if status == "error" and not partial and self.history and self.history[-1]["role"] == "user":
+                # The prompt went back into the input: it is not part of what the next request carries.
+                self.history.pop()
             if partial:
                 self.history.append({"role": "assistant", "content": partial})
             if writer is not None:

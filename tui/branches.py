@@ -36,7 +36,8 @@ if TYPE_CHECKING:
         def _hold_prompt(self) -> None: ...
         async def _show(self, conv: SavedConversation) -> None: ...
         def _reply(self, prompt: str, reply: ChatMessage, stream: bool,
-                   alternative_to: ChatMessage | None = None) -> Any: ...  # a @work method: its Worker
+                   alternative_to: ChatMessage | None = None,
+                   messages: list[dict[str, Any]] | None = None) -> Any: ...  # a @work method: its Worker
         async def _load_conversation(self, conv_id: int, *, at_start: bool = False,
                                      at_message: int | None = None) -> None: ...
 else:

@@ -73,6 +73,7 @@ REGISTRY: tuple[KeyBinding, ...] = (
     KeyBinding("search.open", "ctrl+f", "Search", "search every conversation", CHAT),
     KeyBinding("history.open", "ctrl+o", "History", "list the saved conversations", CHAT, "List"),
     KeyBinding("conversation.new", "ctrl+n", "New", "start a new conversation", CHAT),
+    KeyBinding("attach.file", "ctrl+l", "Attach", "attach a file to the next message (as /file PATH)", CHAT),
     KeyBinding("app.quit", "ctrl+q", "Quit", "quit llmchat", CHAT),
     KeyBinding("prompt.send", "enter", "Send", "send the prompt (kept while a reply is coming)", PROMPT),
     KeyBinding("prompt.newline", "shift+enter,ctrl+j,alt+enter", "New line",

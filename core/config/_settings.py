@@ -86,6 +86,9 @@ class ProviderSettings:
     batch_discount: float = 0.5
     """The share taken off the price of a request sent through the provider's Batch API (OpenAI's is 0.5,
     half price): llmchat batch --estimate prices its Batch API path with it."""
+    context_window: int = 0
+    """The model's context window in tokens, for fitting a long conversation into it; 0 learns it from the
+    server's /models (vLLM's max_model_len, llama.cpp's meta.n_ctx_train), else fits nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +177,9 @@ class UISettings:
     export_dir: str = ""
     """The folder the app's exports go to (an absolute path, or one starting with ~/); empty means
     $XDG_DATA_HOME/llmchat/exports. An export never replaces a file: a taken name gets a number."""
+    attachment_max_kb: int = 512
+    """The largest file that can be attached to a message (/file PATH, the attach key, llmchat ask -f), in
+    KB; a text file goes in as a fenced block, an image as a data URI for vision models."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +264,15 @@ class ServerSettings:
     batch_expire: bool = False
     """Each batch expires once half its lines are done (at the end of its turnaround): the rest are in the error
     file as batch_expired, as OpenAI writes them."""
+    context_window: int = 0
+    """The context window /v1/models reports (as vLLM's max_model_len and llama.cpp's meta.n_ctx_train); a
+    chat whose prompt and max_tokens do not fit in it is refused with 400, as vLLM does; 0 reports none."""
+    prefill_tokens_per_s: float = 0.0
+    """Prompt processing speed: the first token waits (prompt tokens / this) longer, as on a real server,
+    where a longer history costs prefill time; 0 adds none."""
+    vision: bool = False
+    """Take image_url parts in chat messages; without it they are refused with 400, as by a llama.cpp
+    server started without a vision projector."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,6 +87,7 @@ RULES: dict[str, Rule] = {
     "providers.*.rate_limit_rpm": _NON_NEGATIVE_INT,
     "providers.*.rate_limit_tpm": _NON_NEGATIVE_INT,
     "providers.*.batch_discount": Rule("a share from 0 to 1 (0.5 is half price)", lambda v: 0 <= v <= 1),
+    "providers.*.context_window": _NON_NEGATIVE_INT,
     "retry.max_attempts": _POSITIVE_INT,
     "retry.base_delay_s": _NON_NEGATIVE_SECONDS,
     "retry.max_delay_s": _NON_NEGATIVE_SECONDS,
@@ -109,6 +110,7 @@ RULES: dict[str, Rule] = {
     "ui.hud_history": _POSITIVE_INT,
     "ui.temperature": Rule("a number from 0 to 2", lambda v: 0 <= v <= 2),
     "ui.max_tokens": _POSITIVE_INT,
+    "ui.attachment_max_kb": _POSITIVE_INT,
     "ui.export_dir": Rule(
         "an absolute path, one starting with ~/, or empty",
         lambda v: v in ("", "~") or v.startswith(("/", "~/")),
@@ -139,6 +141,8 @@ RULES: dict[str, Rule] = {
     "server.batch_turnaround_s": _NON_NEGATIVE_SECONDS,
     "server.batch_fail_share": _PROBABILITY,
     "server.reasoning_tokens": _NON_NEGATIVE_INT,
+    "server.context_window": _NON_NEGATIVE_INT,
+    "server.prefill_tokens_per_s": Rule("a non-negative number of tokens per second", lambda v: v >= 0),
 }
 
 #: ``dict[str, object]`` fields whose keys are another dataclass's fields: (that dataclass, its rule prefix).

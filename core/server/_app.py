@@ -1,8 +1,8 @@
 """The local server's ASGI app: routes, API-key check, rate limit, and the small endpoints.
 
 Routes: ``GET /health``, ``GET /metrics`` (Prometheus text, like vLLM's and llama.cpp's), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, and the Batch API's
-``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
+``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /tokenize`` (see
+``_context``), and the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
 OpenAI's own API runs them: the body is read (413 past 1 MiB), then the key (401), the rate limit (429), the
 body's fields (400) and model (404), then the error dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
@@ -22,6 +22,7 @@ from llmchat.core.config import ServerSettings
 from llmchat.core.server._batches import FILE_MAX_BODY, BatchEmulator
 from llmchat.core.server._chat import ChatResponder
 from llmchat.core.server._connections import ConnectionRegistry
+from llmchat.core.server._context import check_request, model_meta, tokenize_body
 from llmchat.core.server._embeddings import embed, encode_base64
 from llmchat.core.server._encode import dumps, timing
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
@@ -54,6 +55,7 @@ class ServerApp:
             "/v1/models": {"GET": self._list_models},
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/embeddings": {"POST": self._embeddings},
+            "/tokenize": {"POST": self._tokenize},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -232,12 +234,18 @@ class ServerApp:
         await ex.respond(200, dumps(self._model_object(model)))
 
     def _model_object(self, model: str) -> dict[str, object]:
-        return {"id": model, "object": "model", "created": self.created, "owned_by": "llmchat"}
+        return {"id": model, "object": "model", "created": self.created, "owned_by": "llmchat",
+                **model_meta(self.settings)}
+
+    async def _tokenize(self, ex: Exchange) -> None:
+        self._authorize(ex)
+        await ex.respond(200, dumps(tokenize_body(parse_json(ex.body), self.settings)))
 
     async def _chat(self, ex: Exchange) -> None:
         token = self._authorize(ex)
         self._limit(ex, token, chat=True)
         request = parse_chat(parse_json(ex.body), self.models)
+        check_request(request, self.settings)
         await self.chat.reply(ex, request)
 
     async def _embeddings(self, ex: Exchange) -> None:

@@ -116,8 +116,11 @@ class ChatResponder:
         )
         if req.stream and self.settings.split_surrogates:
             reply = split_surrogates(reply)
-        first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + self.dice.jitter()
-        usage = _wire.usage(count_prompt_tokens(req.messages), len(reply.tokens))
+        prompt_tokens = count_prompt_tokens(req.messages)
+        rate = self.settings.prefill_tokens_per_s
+        prefill = prompt_tokens / rate if rate else 0.0
+        first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + prefill + self.dice.jitter()
+        usage = _wire.usage(prompt_tokens, len(reply.tokens))
         try:
             if self.settings.reasoning_tokens > 0 or self.settings.tool_call:
                 await self._thinking(ex, req, reply, first_due)

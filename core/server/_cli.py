@@ -164,6 +164,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="answer with a call to the request's first tool (get_weather if none), arguments streamed in "
         "pieces, finish_reason tool_calls",
     )
+    a(
+        "--context-window",
+        type=int,
+        metavar="N",
+        help="report a context window of N tokens in /v1/models (vLLM's max_model_len, llama.cpp's "
+        "meta.n_ctx_train) and refuse a chat that does not fit in it with 400, as vLLM does",
+    )
+    a(
+        "--prefill-tokens-per-s",
+        type=float,
+        metavar="N",
+        help="prompt processing speed: the first token waits prompt tokens / N longer (reported as prefill in "
+        "server_timing), so a longer history costs time as on a real server; 0 adds none",
+    )
+    a(
+        "--vision",
+        action="store_true",
+        default=None,
+        help="take image_url parts in chat messages (without it they are refused with 400, as by llama.cpp "
+        "without a vision projector)",
+    )
     p.set_defaults(func=run)
 
 
@@ -206,6 +227,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "keyfile",
         "close_after_stream",
         "split_surrogates",
+        "context_window",
+        "prefill_tokens_per_s",
+        "vision",
         "rtt_ms",
         "max_requests_per_connection",
         "batch_turnaround_s",

@@ -62,6 +62,7 @@ _FIELDS = {f.name for f in dataclasses.fields(ServerSettings)}
 _NON_NEGATIVE = (
     "ttft_ms", "tokens_per_s", "jitter_ms", "cold_start_ms", "idle_unload_s", "stall_ms", "rtt_ms",
     "batch_turnaround_s",
+    "prefill_tokens_per_s",
 )
 _PROBABILITIES = ("error_rate", "drop_rate", "batch_fail_share")
 MAX_REASONING_TOKENS = 100_000

@@ -26,7 +26,7 @@ from llmchat.core import (
 )
 from llmchat.core import text as _text
 from llmchat.core.errors import APIError, UsageError
-from llmchat.core.http import ToolCall
+from llmchat.core.http import Attachment, ToolCall, message_content, read_attachment
 from llmchat.core.observe import TimingRecord, attach_observers
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch", action="store_true", help="ask for one whole reply instead of a stream (cacheable)")
     _options.add(p, "endpoint")
     p.add_argument("--system", help="a system prompt")
+    p.add_argument("-f", "--file", action="append", default=[], metavar="FILE",
+                   help="attach a file: text as a fenced block under its name, an image for a vision model; "
+                   "repeat for more (ui.attachment_max_kb is the limit)")
     p.add_argument("--max-tokens", type=_options.number(1, integer=True), help="the longest reply, in tokens")
     p.add_argument("--temperature", type=_options.number(0, 2),
                    help="sampling temperature, 0 to 2 (0 makes batch replies cacheable)")
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise UsageError("the prompt is empty; pass text, or - with text on stdin")
     settings = load_settings(args.config)
+    # Read before anything is sent: a file that cannot go is one line and exit status 2.
+    args.attachments = [read_attachment(f, max_bytes=settings.ui.attachment_max_kb * 1024) for f in args.file]
     with offline_default(settings, args.provider, args.base_url) as (base_url, http2, model):
         args.model = args.model or model
         return asyncio.run(_ask(args, settings, prompt, base_url, http2))
@@ -81,10 +86,11 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
                http2: Any) -> int:
     if args.http1:
         http2 = False
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     if args.system:
         messages.append({"role": "system", "content": _text.from_os(args.system)[0]})
-    messages.append({"role": "user", "content": prompt})
+    attachments: list[Attachment] = getattr(args, "attachments", [])
+    messages.append({"role": "user", "content": message_content(prompt, attachments)})
     params: dict[str, Any] = {}
     if args.max_tokens is not None:
         params["max_tokens"] = args.max_tokens

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
+from textual.suggester import Suggester
 from textual.widgets import Input, Label, Static
 
 from llmchat.tui.keys import binding
@@ -19,14 +20,16 @@ class TextInputScreen(ModalScreen[str | None]):
 
     ``check(text)`` returns the one line that says what is wrong with ``text`` ("" when it is fine): the box
     then stays open with the text as typed and the line under it, so nothing typed is lost. ``hint`` is a
-    muted line under the title (what the value does, what empty means).
+    muted line under the title (what the value does, what empty means); ``suggester`` completes what is typed
+    (→ takes the suggestion).
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [binding("input.cancel", "cancel")]
 
     def __init__(self, title: str, value: str = "", *, hint: str = "",
-                 check: Callable[[str], str] | None = None) -> None:
+                 check: Callable[[str], str] | None = None, suggester: Suggester | None = None) -> None:
         super().__init__()
+        self._suggester = suggester
         self._title = title
         self._value = value
         self._hint = hint
@@ -37,7 +40,7 @@ class TextInputScreen(ModalScreen[str | None]):
             yield Label(self._title)
             if self._hint:
                 yield Static(self._hint, id="hint", markup=False)
-            yield Input(value=self._value, id="text")
+            yield Input(value=self._value, id="text", suggester=self._suggester)
             problem = Static("", id="problem", markup=False)
             problem.display = False
             yield problem

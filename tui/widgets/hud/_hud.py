@@ -19,12 +19,14 @@ from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Static
 
+from llmchat.core.client import ContextFit
 from llmchat.core.config import UISettings
 from llmchat.core.observe import Bus, Metrics, prices_from_settings
 from llmchat.tui.numbers import plural
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
+from llmchat.tui.widgets.hud._context import ContextLine
 from llmchat.tui.widgets.hud._detail import HudDetail
 from llmchat.tui.widgets.hud._figures import Targets
 from llmchat.tui.widgets.hud._headroom import HeadroomLines
@@ -109,6 +111,9 @@ class Hud(VerticalScroll, can_focus=True):
         self.attribution = AttributionPanel(id="hud-attribution")
         self.stats = HudStats(with_cost=bool(self.metrics.prices), id="hud-stats")
         self.lag_line = RenderLagLine(id="hud-lag")
+        self.context_line = ContextLine(id="hud-context")
+        self.fit: ContextFit | None = None
+        """The last request's fit into the context window (set by the app before it sends)."""
 
     def compose(self) -> ComposeResult:
         # Two boxes, for the cost of a frame while a reply streams. Textual repaints the bounding box of all
@@ -131,6 +136,9 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.attribution
             yield Static("figures", classes="hud-title")
             yield self.stats
+            # Last: on a 45-row terminal the parts above already fill the panel (a cancel's attribution
+            # wraps to several lines), and the counters there matter more at a glance.
+            yield self.context_line
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -204,6 +212,7 @@ class Hud(VerticalScroll, can_focus=True):
             self.charts.show(m, targets)
             self.waterfall.show(m.last)
             self.attribution.show(m)
+            self.context_line.show(self.fit, m.last_attribution, m.last)
             seen["connection"] = -1  # the last record may name what the shell did not (its model)
             painted = True
         if seen["connection"] != m.connection_version:
@@ -248,6 +257,11 @@ class Hud(VerticalScroll, can_focus=True):
         mine = last is not None and (not self.provider or last.provider == self.provider)
         model = last.model if mine and last is not None and last.model else self.model
         return Endpoint(provider, model, self.host or (last.host if last else ""))
+
+    def show_context(self, fit: ContextFit) -> None:
+        """Show the next request's prompt tokens against the window (the prefill share follows its reply)."""
+        self.fit = fit
+        self.context_line.show(fit, None, None)
 
     # -- actions -------------------------------------------------------------------------------------------
     def action_detail(self) -> None:
