@@ -218,9 +218,10 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
             changes={("ui",): {"stream": False}},
             advice="turn buffering off in the proxy (nginx: proxy_buffering off, or X-Accel-Buffering: no); "
             "until then streaming buys nothing, and batch mode's replies are cacheable"))
-    elif n and all((a["total_ms"] or 0.0) < BUNCHED_MIN_MS for a in arrivals):
+    elif n and all((a["total_ms"] or 0.0) < BUNCHED_MIN_MS
+                   or (a["server_span_ms"] is not None and a["server_span_ms"] < BUNCHED_MIN_MS) for a in arrivals):
         out.append(Finding("streaming", "streaming.buffered", "info", "replies came too fast to judge how "
-                           "chunks arrive", f"{n} streams, each under {_fmt(BUNCHED_MIN_MS)}"))
+                           "chunks arrive", f"{n} streams, each sent in under {_fmt(BUNCHED_MIN_MS)}"))
     elif n:
         shares = ", ".join("-" if a["span_share"] is None else f"{a['span_share'] * 100:.0f}%" for a in arrivals)
         out.append(Finding("streaming", "streaming.buffered", "pass", "chunks arrive spread over each reply",

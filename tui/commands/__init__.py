@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from llmchat.tui.commands import ask, batch, bench, cache, chat, config, export, locust, proxy, serve
+from llmchat.tui.commands import ask, batch, bench, cache, chat, config, doctor, export, locust, proxy, serve
 
-COMMANDS = [chat, ask, serve, bench, proxy, locust, batch, config, cache, export]
+COMMANDS = [chat, ask, serve, bench, proxy, locust, batch, doctor, config, cache, export]
