@@ -119,7 +119,8 @@ def test_cli_json_needs_yes_without_a_terminal(server_factory: Factory, capsys, 
     monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
     assert main(["doctor", "--base-url", server.base_url]) == 2
     err = capsys.readouterr().err
-    assert "pass --yes" in err and len(err.strip().splitlines()) == 2  # the estimate, then the one-line refusal
+    refusal = err.strip().splitlines()[-1]  # after the estimate: one line, naming the cause and the fix
+    assert refusal.startswith("llmchat:") and "not a terminal" in refusal and "pass --yes" in refusal
     assert main(["doctor", "--base-url", server.base_url, "--yes", "--json", "--budget-requests", "20"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "fail" and data["requests_sent"] <= 20

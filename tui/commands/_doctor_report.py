@@ -47,11 +47,12 @@ def _finding(f: Finding, cols: int, *, detail: bool) -> list[str]:
     return lines
 
 
-def estimate_text(e: Estimate, target: str) -> str:
+def estimate_text(e: Estimate, target: str, *, cols: int = 80) -> str:
     cost = "cost unknown (no ui.prices for this model)" if e.cost_usd is None else f"about ${e.cost_usd:.4f}"
-    return (f"llmchat doctor will send at most {e.requests} requests to {target} ({e.chat_requests} of them chat "
-            f"completions: ~{e.prompt_tokens} prompt + ~{e.output_tokens} output tokens, {cost}) within "
+    text = (f"llmchat doctor will send at most {e.requests} requests to {target} ({e.chat_requests} of them "
+            f"chat completions: ~{e.prompt_tokens} prompt + ~{e.output_tokens} output tokens, {cost}) within "
             f"{e.max_time_s:.0f} s.")
+    return "\n".join(_wrap(text, "", "", cols))
 
 
 def render(report: Report, *, config_path: str = "", cols: int | None = None) -> str:

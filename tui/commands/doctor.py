@@ -30,7 +30,7 @@ from llmchat.core.diagnose import (
 )
 from llmchat.core.errors import ConfigError, UsageError
 from llmchat.tui.commands import _options
-from llmchat.tui.commands._doctor_report import estimate_text, render
+from llmchat.tui.commands._doctor_report import estimate_text, render, width
 from llmchat.tui.commands._provider import offline_default
 from llmchat.tui.commands.batch import Progress
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                       api_key_env=args.api_key_env, budget_requests=int(args.budget_requests),
                       budget_s=DEFAULT_BUDGET_S, idle_s=float(args.idle_s))
         target = mask_url(base_url or ctx.client().endpoint.base_url)
-        print(estimate_text(estimate(ctx), target), file=sys.stderr)
+        print(estimate_text(estimate(ctx), target, cols=width()), file=sys.stderr)
         if not args.yes:
             if not sys.stdin.isatty():
                 raise UsageError("doctor sends requests and stdin is not a terminal to ask on; pass --yes")
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 print("llmchat: doctor: nothing sent", file=sys.stderr)
                 return 0
         progress = Progress(max(1, estimate(ctx).requests), enabled=sys.stderr.isatty() and not args.json)
-        ctx.progress = lambda done, total, step: progress.show(done, 0, total, step)
+        # The step's name padded: the bar redraws in place, and a shorter name must cover a longer one.
+        ctx.progress = lambda done, total, step: progress.show(done, 0, total, f"{step[:16]:<16}")
         try:
             report = asyncio.run(run_battery(ctx))
         finally:
