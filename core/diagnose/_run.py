@@ -48,9 +48,12 @@ def estimate(ctx: Context, model: str | None = None) -> Estimate:
     """What the battery will send at most, within ``ctx.budget_requests``: requests, tokens and the cost from
     ``ui.prices`` for ``model`` (None when it has no price)."""
     requests = chat = 0
-    for _, n, c in plan(ctx):
-        if requests + n > ctx.budget_requests:
-            break
+    for step, n, c in plan(ctx):
+        left = ctx.budget_requests - requests
+        if step == "streams":  # the one step that runs in part: as many streams as the budget leaves
+            n = c = min(n, left)
+        if n > left:
+            continue  # skipped, as run_battery skips it; the later steps may still fit
         requests, chat = requests + n, chat + c
     prompt, output = chat * PROMPT_TOKENS, chat * ctx.max_tokens
     prices = prices_from_settings(ctx.settings.ui.prices)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import difflib
 import json
 import os
@@ -18,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from llmchat.core import Settings, load_settings
+from llmchat.core import load_settings
 from llmchat.core.config import config_path_in_use, mask_url, set_toml_keys
 from llmchat.core.diagnose import (
     DEFAULT_BUDGET_REQUESTS,
@@ -60,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     with offline_default(settings, args.provider, args.base_url) as (base_url, http2, model):
         if http2 is not None:  # the offline local server speaks h2c; the doctor looks at it as configured
-            settings = Settings(**{**settings.__dict__, "http": type(settings.http)(**{
-                **settings.http.__dict__, "http2": http2})})
+            settings = dataclasses.replace(settings, http=dataclasses.replace(settings.http, http2=http2))
         ctx = Context(settings, provider=args.provider, base_url=base_url, model=args.model or model,
                       api_key_env=args.api_key_env, budget_requests=int(args.budget_requests),
                       budget_s=DEFAULT_BUDGET_S, idle_s=float(args.idle_s))
