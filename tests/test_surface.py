@@ -54,6 +54,11 @@ SURFACE: dict[str, list[str]] = {
         "default_config_path", "is_secret_header", "load_settings", "mask_secret", "mask_url",
         "resolve_provider",
         "settings_to_toml",
+        "set_toml_keys",
+    ],
+    "llmchat.core.diagnose": [
+        "Changes", "Context", "DEFAULT_BUDGET_REQUESTS", "DEFAULT_BUDGET_S", "Estimate", "Finding",
+        "Mark", "Report", "SECTIONS", "SECTION_TITLES", "estimate", "run_battery", "toml_snippet",
     ],
     "llmchat.core.history": [
         "Conversation", "ConversationInfo", "ConversationNotFoundError", "ExportError", "Generation",

@@ -24,7 +24,7 @@ from llmchat.core.config._settings import (
     Settings,
     UISettings,
 )
-from llmchat.core.config._toml import settings_to_toml
+from llmchat.core.config._toml import set_toml_keys, settings_to_toml
 
 __all__ = [
     "BatchSettings",
@@ -45,5 +45,6 @@ __all__ = [
     "mask_secret",
     "mask_url",
     "resolve_provider",
+    "set_toml_keys",
     "settings_to_toml",
 ]

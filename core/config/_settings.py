@@ -237,6 +237,9 @@ class ServerSettings:
     """Serve TLS with a self-signed certificate for 127.0.0.1 and localhost when no certfile is given."""
     close_after_stream: bool = False
     """Emulate llama.cpp: after a stream, the next request on that HTTP/1.1 keep-alive connection is cut unanswered."""
+    buffer_stream: bool = False
+    """Act as a buffering proxy does (nginx's proxy_buffering): send a stream's headers at once but hold its
+    chunks until the reply is complete, then send them in one write."""
     split_surrogates: bool = False
     """Stream each emoji as a JSON surrogate-pair escape split across two chunks (\\ud83d in one, \\ude80 in the
     next), each chunk valid JSON on its own, as some servers do; clients must join the pair."""

@@ -132,3 +132,62 @@ def settings_to_toml(settings: Settings, *, mask: bool = True) -> str:
         else:
             top.append(f"{toml_key(f.name)} = {toml_value(_shown((f.name,), value, mask))}")
     return "\n".join(top + tables).lstrip("\n") + "\n"
+
+
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+
+
+def _header_path(line: str) -> tuple[str, ...] | None:
+    """The key path of a ``[a.b."c d"]`` table header line; None for any other line (``[[arrays]]`` too)."""
+    m = _HEADER.match(line)
+    if m is None or line.lstrip().startswith("[["):
+        return None
+    try:
+        import tomllib
+
+        doc = tomllib.loads(f"[{m.group(1)}]")
+    except ValueError:
+        return None
+    parts: list[str] = []
+    node: object = doc
+    while isinstance(node, dict) and len(node) == 1:
+        key = next(iter(node))
+        parts.append(key)
+        node = node[key]
+    return tuple(parts)
+
+
+def set_toml_keys(text: str, changes: Mapping[tuple[str, ...], Mapping[str, object]]) -> str:
+    """``text`` (a TOML document) with each ``table path -> {key: value}`` set, everything else kept as it is
+    (comments, order, blank lines). A key already in its table has its line replaced; a new key goes after the
+    table's last line; a table the document lacks is appended. Raises ValueError when the result is not valid
+    TOML (the document spelled that table inline, ``http = { ... }``): the caller says to edit by hand."""
+    import tomllib
+
+    lines = text.splitlines()
+    for path, keys in changes.items():
+        path = tuple(path)
+        start = next((i for i, line in enumerate(lines) if _header_path(line) == path), None)
+        if start is None:
+            if lines and lines[-1].strip():
+                lines.append("")
+            lines.append(f"[{dotted_key(path)}]")
+            lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in keys.items()]
+            continue
+        end = next((i for i in range(start + 1, len(lines)) if _header_path(lines[i]) is not None
+                    or lines[i].lstrip().startswith("[[")), len(lines))
+        for key, value in keys.items():
+            pattern = re.compile(rf"^\s*{re.escape(toml_key(key))}\s*=")
+            new = f"{toml_key(key)} = {toml_value(value)}"
+            hit = next((i for i in range(start + 1, end) if pattern.match(lines[i])), None)
+            if hit is not None:
+                lines[hit] = new
+                continue
+            last = end
+            while last - 1 > start and not lines[last - 1].strip():
+                last -= 1
+            lines.insert(last, new)
+            end += 1
+    result = "\n".join(lines) + "\n"
+    tomllib.loads(result)  # TOMLDecodeError is a ValueError
+    return result

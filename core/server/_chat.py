@@ -7,6 +7,9 @@ due in one write (up to 16 KiB), so a server that falls behind catches up in big
 further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server
 is not the bottleneck of a client benchmark.
 
+Buffering: with ``buffer_stream`` the headers go out at once but every chunk is held until the last, as behind
+a buffering proxy (nginx's ``proxy_buffering``): the pacing still runs, the client sees it all at the end.
+
 Queueing: with ``max_concurrency`` N > 0 at most N replies are generated at once; the rest wait for a slot in
 arrival order, and their pacing starts when they get one (the wait shows as ``started_ns - received_ns``).
 
@@ -158,6 +161,7 @@ class ChatResponder:
             # llama.cpp promises keep-alive like this, then closes anyway.
             headers.append((b"keep-alive", b"timeout=5, max=100"))
         await ex.start(200, headers)
+        ex.hold = self.settings.buffer_stream
         await ex.write(template.role())
 
         escaped, n = reply.escaped, len(reply.tokens)

@@ -121,6 +121,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="emulate llama.cpp: after a stream, hang up on the next request of that HTTP/1.1 connection",
     )
     a(
+        "--buffer-stream",
+        action="store_true",
+        default=None,
+        help="act as a buffering proxy: hold a stream's chunks until its end, then send them in one write",
+    )
+    a(
         "--split-surrogates",
         action="store_true",
         default=None,
@@ -226,6 +232,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "certfile",
         "keyfile",
         "close_after_stream",
+        "buffer_stream",
         "split_surrogates",
         "context_window",
         "prefill_tokens_per_s",

@@ -70,6 +70,9 @@ class Exchange:
         self.hurrying = False
         """The server is shutting down: finish this reply now, without the pauses of the latency profile."""
         self._wake = asyncio.Event()
+        self.hold = False
+        """Hold body bytes until the last write (``buffer_stream``: a buffering proxy's view of a stream)."""
+        self._held: list[bytes] = []
         self.extra_headers: Headers = []
         """Headers every reply to this request carries (rate-limit state, request id)."""
 
@@ -160,7 +163,13 @@ class Exchange:
 
     async def write(self, data: bytes, more: bool = True, split_utf8: bool = True) -> None:
         """Send body bytes. With ``split_utf8``, bytes holding non-ASCII text go out in two sends cut inside
-        their first multi-byte character: clients meet a character split across reads, as TCP may cut it."""
+        their first multi-byte character: clients meet a character split across reads, as TCP may cut it.
+        With ``hold`` every write but the last is kept, and the last sends them all at once."""
+        if self.hold:
+            self._held.append(data)
+            if more:
+                return
+            data, self._held, split_utf8 = b"".join(self._held), [], False
         if split_utf8 and not data.isascii():
             try:
                 data.decode("ascii")

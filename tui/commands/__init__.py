@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
-from llmchat.tui.commands import ask, batch, bench, cache, chat, config, export, locust, proxy, search, serve
+from llmchat.tui.commands import (
+    ask,
+    batch,
+    bench,
+    cache,
+    chat,
+    config,
+    doctor,
+    export,
+    locust,
+    proxy,
+    search,
+    serve,
+)
 
-COMMANDS = [chat, ask, serve, bench, proxy, locust, batch, config, cache, export, search]
+COMMANDS = [chat, ask, serve, bench, proxy, locust, batch, doctor, config, cache, export, search]

@@ -1,0 +1,153 @@
+"""`llmchat doctor` against `llmchat serve` playing each known fault: each is named, with its numbers and its
+config change; a healthy server gets no warning. In-process servers on real sockets, small budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmchat.core.config import Settings, load_settings, set_toml_keys
+from llmchat.core.diagnose import Context, Finding, Report, estimate, run_battery
+from llmchat.core.server import RunningServer
+from llmchat.tui.cli import main
+from llmchat.tui.commands._doctor_report import render
+
+Factory = Callable[..., RunningServer]
+
+
+def _doctor(server: RunningServer, settings: Settings | None = None, **kw: Any) -> Report:
+    ctx = Context(settings or Settings(), base_url=server.base_url, **kw)
+    return asyncio.run(asyncio.wait_for(run_battery(ctx), 60))
+
+
+def _finding(report: Report, check: str) -> Finding:
+    found = [f for f in report.findings if f.check == check]
+    assert found, f"no {check} finding: {[f.check for f in report.findings]}"
+    return found[0]
+
+
+def _alarms(report: Report) -> list[str]:
+    return [f"{f.check}: {f.title} ({f.evidence})" for f in report.findings if f.mark in ("warn", "fail")]
+
+
+def test_a_healthy_server_gets_no_false_alarm(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", tokens_per_s=300.0))
+    assert _alarms(report) == []
+    assert report.worst() == "pass" and report.changes() == {}
+    assert not report.skipped and report.requests_sent <= 30
+    text = render(report, cols=80)
+    assert "Summary: healthy" in text and all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_close_after_stream_is_named_and_prescribed(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", close_after_stream=True))
+    f = _finding(report, "connection.close_after_stream")
+    assert f.mark == "fail" and "3 of 3 streams" in f.evidence
+    assert f.changes == {("http",): {"max_requests_per_connection": 1}}
+    assert report.measurements["limits"]["retries_and_errors"]["retry_reasons"].get("stale connection") == 3
+
+
+def test_a_round_trip_makes_new_connections_costly_and_http2_recommended(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", rtt_ms=60.0))
+    cost = _finding(report, "connection.new_cost")
+    assert cost.mark == "warn" and cost.effect_ms is not None and 40 <= cost.effect_ms <= 200
+    h2 = _finding(report, "connection.http2")
+    assert h2.mark == "warn" and h2.changes == {("http",): {"http2": "h2c"}}
+    burst = report.measurements["connection"]["burst"]
+    assert burst["http1"]["connections_opened"] == 4 and burst["http2"]["connections_opened"] == 1
+    assert report.measurements["connection"]["rtt_estimate_ms"] >= 60
+    assert _finding(report, "streaming.buffered").mark != "fail"  # a late reply in one write is not buffering
+
+
+def test_cold_start_is_named_with_the_model_load(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", cold_start_ms=500.0))
+    f = _finding(report, "server.cold_start")
+    assert f.mark == "warn" and f.effect_ms is not None and 450 <= f.effect_ms <= 1500
+    assert "model load of 500 ms" in f.evidence and ("http",) in f.changes
+
+
+def test_cold_again_after_idle(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", cold_start_ms=400.0, idle_unload_s=0.5), idle_s=1.0)
+    f = _finding(report, "server.idle")
+    assert f.mark == "warn" and f.changes == {("http",): {"keepalive_ping_s": 1.0}}
+
+
+def test_a_rate_limit_near_exhaustion(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", rate_limit=10))
+    f = _finding(report, "limits.requests")
+    assert f.mark == "warn" and "1 of 10 requests left" in f.title
+    assert f.changes[("batch",)] == {"concurrency": 1} and "Batch API" in f.advice
+
+
+def test_a_buffering_proxy_is_told_from_the_arrival_pattern(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", tokens_per_s=150.0, buffer_stream=True))
+    f = _finding(report, "streaming.buffered")
+    assert f.mark == "fail" and f.changes == {("ui",): {"stream": False}}
+    assert f.effect_ms is not None and f.effect_ms >= 50  # the first token waited for the whole reply
+
+
+def test_a_stalling_stream(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", tokens_per_s=300.0, stall_ms=700.0))
+    f = _finding(report, "streaming.stall")
+    assert f.mark == "warn" and f.effect_ms is not None and 650 <= f.effect_ms <= 2000
+    assert f.changes == {("ui",): {"stall_s": 0.5}}  # the HUD's 3 s badge would miss it
+
+
+def test_a_saturated_server_queues_the_parallel_burst(server_factory: Factory) -> None:
+    report = _doctor(server_factory(profile="instant", tokens_per_s=150.0, max_concurrency=1))
+    f = _finding(report, "server.saturation")
+    assert f.mark == "warn" and f.changes == {("batch",): {"concurrency": 1}}
+    assert report.measurements["server"]["burst"]["saturated_requests"] >= 2 and "Batch API" in f.advice
+
+
+def test_the_budget_bounds_the_battery(server_factory: Factory) -> None:
+    server = server_factory(profile="instant")
+    ctx = Context(Settings(), base_url=server.base_url, budget_requests=12)
+    planned = estimate(ctx)
+    assert planned.requests <= 12
+    report = asyncio.run(run_battery(ctx))
+    assert report.requests_sent == planned.requests and report.skipped
+
+
+def test_cli_json_needs_yes_without_a_terminal(server_factory: Factory, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(profile="instant", close_after_stream=True)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    assert main(["doctor", "--base-url", server.base_url]) == 2
+    err = capsys.readouterr().err
+    refusal = err.strip().splitlines()[-1]  # after the estimate: one line, naming the cause and the fix
+    assert refusal.startswith("llmchat:") and "not a terminal" in refusal and "pass --yes" in refusal
+    assert main(["doctor", "--base-url", server.base_url, "--yes", "--json", "--budget-requests", "20"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "fail" and data["requests_sent"] <= 20
+    assert any(f["check"] == "connection.close_after_stream" and f["mark"] == "fail" for f in data["findings"])
+
+
+def test_write_config_shows_the_diff_and_keeps_a_backup(server_factory: Factory, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(profile="instant", rtt_ms=60.0)
+    config = tmp_path / "config.toml"
+    config.write_text("# mine\n[http]\nmax_connections = 8\n\n[ui]\ntheme = \"textual-dark\"\n", encoding="utf-8")
+    code = main(["doctor", "--config", str(config), "--base-url", server.base_url, "--yes", "--write-config"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert '+http2 = "h2c"' in err and "wrote" in err
+    assert (tmp_path / "config.toml.bak").read_text(encoding="utf-8").startswith("# mine")
+    text = config.read_text(encoding="utf-8")
+    assert text.startswith("# mine\n[http]\nmax_connections = 8\n") and 'theme = "textual-dark"' in text
+    assert load_settings(str(config)).http.http2 == "h2c"
+
+
+def test_set_toml_keys_edits_in_place() -> None:
+    text = "a = 1\n[http]\n# why\nhttp2 = true\n\n[providers.x.http]\nwarmup = false\n"
+    out = set_toml_keys(text, {("http",): {"http2": "h2c", "warmup": True}, ("providers", "x", "http"):
+                               {"warmup": True}, ("retry",): {"max_delay_s": 90.0}})
+    doc = tomllib.loads(out)
+    assert doc["http"] == {"http2": "h2c", "warmup": True} and doc["providers"]["x"]["http"]["warmup"] is True
+    assert doc["retry"] == {"max_delay_s": 90.0} and "# why" in out
+    with pytest.raises(ValueError):
+        set_toml_keys("[providers.x]\nhttp = { warmup = false }\n", {("providers", "x", "http"): {"warmup": True}})
