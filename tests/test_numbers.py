@@ -109,3 +109,10 @@ def test_request_ticks_are_whole_numbers_from_1_to_n(n: int, most: int) -> None:
 def test_two_requests_are_ticked_1_and_2() -> None:
     assert index_ticks(2) == [1, 2] and index_ticks(1) == [1]
     assert not any(re.search(r"\.\d", str(t)) for t in index_ticks(7))
+
+
+def test_nice_ticks_for_one_small_value_stay_round_and_near_it() -> None:
+    # Found by Hypothesis: one sample of 0.0078125 with room for two ticks used to give
+    # [-5000000000.0, 0.0], a step grown until rounding made it "fit".
+    assert nice_ticks(0.0078125, 0.0078125, 2) == [0.0, 2.0]
+    assert nice_ticks(0.0, 0.0, 2) == [0.0, 1.0]

@@ -125,7 +125,9 @@ def nice_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
         lo, hi = hi, lo
     if hi == lo:
         pad = abs(hi) * 0.1 if abs(hi) >= 0.01 else 1.0
-        lo, hi = lo - pad, hi + pad
+        # Not below zero for a value that is not: a range straddling 0 cannot be covered by two round ticks
+        # (the loop below would grow the step to absurd sizes looking for them).
+        lo, hi = (lo - pad if lo - pad >= 0 or lo < 0 else 0.0), hi + pad
     power = 10.0 ** math.floor(math.log10((hi - lo) / (most - 1)))
     while True:
         for mult in (1, 2, 5):
