@@ -555,3 +555,20 @@ def test_quit_mid_reply_then_continue_shows_it_cut_off_under_its_model_and_title
     assert "llmchat-local" in [row.strip() for row in chat_column(screen)], again.dump()  # its label row
     assert shows(screen, cut.content), again.dump()  # all that arrived, and no more
     assert stored(terminals.history_path) == messages  # reopening changed nothing
+
+
+# -- typed while the app starts -----------------------------------------------------------------------------
+def test_a_prompt_typed_as_soon_as_the_app_shows_is_kept_and_sent(terminals: TerminalSession) -> None:
+    """A person who types the moment the screen appears: the app's first frame is drawn while it is still
+    starting (history, server signals, the conversation to resume), and keys that came then went to no
+    widget until the prompt took the focus at the end of start-up, so the line was lost."""
+    t = start_ready(terminals)  # nothing configured: the offline demo, whose local server starts with it
+    type_prompt(t, "First question")
+    wait_stored(t, terminals.history_path, replies_ended(1), "the first reply")
+    quit_app(t)
+    again = terminals.start("--continue")
+    again.wait_for(lambda s: bool(s.strip()), START_S, what="the app's first frame")
+    again.write("Typed while it starts\r")  # the line and its Enter in one read, as a paste arrives
+    messages = wait_stored(again, terminals.history_path, replies_ended(2), "the reply to the early prompt")
+    assert (messages[2].role, messages[2].content) == ("user", "Typed while it starts"), _brief(messages)
+    assert messages[3].status == "done" and messages[3].conversation == messages[0].conversation

@@ -159,6 +159,9 @@ class ChatApp(BranchActions, App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "llmchat"
+    # The prompt has focus from the first frame: keys typed while the app starts (a prompt typed right after
+    # `llmchat --continue`) reach it, not whatever widget would be focused first.
+    AUTO_FOCUS = "PromptInput"
     COMMANDS = App.COMMANDS | {ProviderCommands}
 
     # Keys, labels and ids come from the registry (tui/keys.py), which [keymap] is checked against.
