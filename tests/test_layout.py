@@ -126,3 +126,18 @@ def test_default_css_only_on_the_widgets_meant_for_reuse() -> None:
                     if any(isinstance(t, ast.Name) and t.id == "DEFAULT_CSS" for t in targets):
                         found.append(f"{path.relative_to(ROOT)}: {node.name}")
     assert found == [], "move this CSS into tui/app.tcss: " + ", ".join(found)
+
+
+def test_every_package_folder_is_installed() -> None:
+    # CI installs the project as a wheel (not editable): a folder missing from pyproject's package list is
+    # importable here and absent there.
+    import tomllib
+
+    root = ROOT
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    folders = {
+        f"llmchat.{top}" + "".join(f".{part}" for part in init.parent.relative_to(root / top).parts)
+        for top in ("core", "tui")
+        for init in (root / top).rglob("__init__.py")
+    }
+    assert folders == listed, f"pyproject's packages lack {sorted(folders - listed)}, list {sorted(listed - folders)}"
