@@ -25,7 +25,8 @@ from llmchat.core.load._jobs import (
     split_lines,
 )
 from llmchat.core.load._prompts import PromptPlan
-from llmchat.core.load._run import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
+from llmchat.core.load._run import CONFIGS, MAX_IN_FLIGHT, LoadRun, Sample, Scenario, Target, parse_configs
+from llmchat.core.load._schedule import GROWTH_MS, ScheduleFigures
 from llmchat.core.load._stats import (
     CLIENT_ERRORS,
     EXACT_LIMIT,
@@ -46,10 +47,12 @@ __all__ = [
     "CONFIGS",
     "ConfigStats",
     "EXACT_LIMIT",
+    "GROWTH_MS",
     "Job",
     "JobSummary",
     "LoadRun",
     "METRICS",
+    "MAX_IN_FLIGHT",
     "METRIC_NAMES",
     "OutputLock",
     "PromptPlan",
@@ -57,6 +60,7 @@ __all__ = [
     "RELATIVE_ERROR",
     "SLO",
     "Sample",
+    "ScheduleFigures",
     "Scenario",
     "Target",
     "check_output",

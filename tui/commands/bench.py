@@ -29,6 +29,7 @@ from llmchat.core.errors import UsageError
 from llmchat.core.load import (
     CLIENT_ERRORS,
     CONFIGS,
+    MAX_IN_FLIGHT,
     SLO,
     ConfigStats,
     LoadRun,
@@ -88,6 +89,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       "figure at the end (JSON Lines: the run, the requests, the summary last)")
     a("--plot", nargs="?", const="-", metavar="SVG",
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
+    a("--max-in-flight", type=int, metavar="N",
+      help=f"open loop: at most N requests in flight, later arrivals wait (default {MAX_IN_FLIGHT})")
     a("--max-connections", type=int, metavar="N",
       help="pool size of every configuration (default: one connection per user, or the open loop's in-flight "
       "cap); nopool has no limit")
@@ -108,6 +111,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         requests=requests, duration_s=args.duration, ramp_s=args.ramp_s, long_ratio=args.long_ratio,
         distinct_prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
         seed=args.seed, model=args.model, slices=slices,
+        max_in_flight=MAX_IN_FLIGHT if args.max_in_flight is None else args.max_in_flight,
     )
     if args.rate is not None and not args.rate > 0:
         raise UsageError(f"--rate must be a positive number of requests per second, got {args.rate:g}")
@@ -182,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     if where:
         print()
         print(where)
+    scheduled = report.schedule_table(stats)
+    if scheduled:
+        print()
+        print(scheduled)
     if load.metrics_url:
         print()
         url = mask_url(load.metrics_url)
@@ -199,7 +207,10 @@ def run(args: argparse.Namespace) -> int:
     if results is not None and results.dropped:
         print(f"llmchat: --json: {results.dropped} lines could not be written to {args.json}; the file is "
               "incomplete", file=sys.stderr)
-    if load.cap_hits:
+    lagging = report.schedule_warning(stats, cap=scenario.max_in_flight, cap_hits=load.cap_hits)
+    if lagging:
+        print(lagging, file=sys.stderr)
+    elif load.cap_hits:
         print(f"llmchat: the open loop reached its cap of {scenario.max_in_flight} requests in flight "
               f"{load.cap_hits} times, so those arrivals went out late (lag_ms in --json); lower --rate",
               file=sys.stderr)
