@@ -38,6 +38,7 @@ from llmchat.core.load._stats import (
     ConfigStats,
     compare_rows,
 )
+from llmchat.core.load._sweep import MAX_LEVELS, SLO_SHARE, Level, Sweep, SweepResult, run_sweep
 
 __all__ = [
     "BatchAPI",
@@ -50,18 +51,23 @@ __all__ = [
     "GROWTH_MS",
     "Job",
     "JobSummary",
+    "Level",
     "LoadRun",
     "METRICS",
     "MAX_IN_FLIGHT",
+    "MAX_LEVELS",
     "METRIC_NAMES",
     "OutputLock",
     "PromptPlan",
     "QUANTILES",
     "RELATIVE_ERROR",
     "SLO",
+    "SLO_SHARE",
     "Sample",
     "ScheduleFigures",
     "Scenario",
+    "Sweep",
+    "SweepResult",
     "Target",
     "check_output",
     "batch_input",
@@ -74,6 +80,7 @@ __all__ = [
     "read_jobs",
     "run_batch_api",
     "run_jobs",
+    "run_sweep",
     "split_lines",
     "state_path",
 ]
