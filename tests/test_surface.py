@@ -73,7 +73,8 @@ SURFACE: dict[str, list[str]] = {
         "HTTPResponse", "HTTPTransport", "MockRequest", "MockResponse", "MockTransport", "Pools",
         "ToolCall",
         "parse_reset", "read_headroom",
-        "Attachment", "AttachmentError", "message_content", "message_text", "read_attachment", "split_file_lines",
+        "Attachment", "AttachmentError", "message_content", "message_text", "read_attachment",
+        "split_file_lines",
     ],
     "llmchat.core.load": [
         "CLIENT_ERRORS", "CONFIGS", "ConfigStats", "EXACT_LIMIT", "Job", "JobSummary", "LoadRun", "METRICS",
@@ -85,6 +86,8 @@ SURFACE: dict[str, list[str]] = {
         "state_path",
         "ASSUMED_OUTPUT", "Actuals", "DEFAULT_WINDOW_S", "Duration", "Estimate", "PathEstimate",
         "SampleStats", "estimate", "measure_sample",
+        "GROWTH_MS", "Level", "MAX_IN_FLIGHT", "MAX_LEVELS", "SLO_SHARE", "ScheduleFigures", "Sweep",
+        "SweepResult", "run_sweep",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",
@@ -96,7 +99,8 @@ SURFACE: dict[str, list[str]] = {
         "Headroom", "Price", "RateLimitHeld",
     ],
     "llmchat.core.policy": [
-        "Hold", "MicroBatcher", "ProviderLimiter", "RateLimits", "ReplyCache", "RetryEvent", "call_with_retries",
+        "Hold", "MicroBatcher", "ProviderLimiter", "RateLimits", "ReplyCache", "RetryEvent",
+        "call_with_retries",
         "estimate_tokens", "replay_chunks",
     ],
     "llmchat.core.server": [

@@ -36,7 +36,8 @@ from llmchat.core.load._jobs import (
     split_lines,
 )
 from llmchat.core.load._prompts import PromptPlan
-from llmchat.core.load._run import CONFIGS, LoadRun, Sample, Scenario, Target, parse_configs
+from llmchat.core.load._run import CONFIGS, MAX_IN_FLIGHT, LoadRun, Sample, Scenario, Target, parse_configs
+from llmchat.core.load._schedule import GROWTH_MS, ScheduleFigures
 from llmchat.core.load._stats import (
     CLIENT_ERRORS,
     EXACT_LIMIT,
@@ -48,6 +49,7 @@ from llmchat.core.load._stats import (
     ConfigStats,
     compare_rows,
 )
+from llmchat.core.load._sweep import MAX_LEVELS, SLO_SHARE, Level, Sweep, SweepResult, run_sweep
 
 __all__ = [
     "BatchAPI",
@@ -62,10 +64,14 @@ __all__ = [
     "Duration",
     "EXACT_LIMIT",
     "Estimate",
+    "GROWTH_MS",
     "Job",
     "JobSummary",
+    "Level",
     "LoadRun",
     "METRICS",
+    "MAX_IN_FLIGHT",
+    "MAX_LEVELS",
     "METRIC_NAMES",
     "OutputLock",
     "PathEstimate",
@@ -73,9 +79,13 @@ __all__ = [
     "QUANTILES",
     "RELATIVE_ERROR",
     "SLO",
+    "SLO_SHARE",
     "Sample",
     "SampleStats",
+    "ScheduleFigures",
     "Scenario",
+    "Sweep",
+    "SweepResult",
     "Target",
     "check_output",
     "batch_input",
@@ -90,6 +100,7 @@ __all__ = [
     "read_jobs",
     "run_batch_api",
     "run_jobs",
+    "run_sweep",
     "split_lines",
     "state_path",
 ]

@@ -46,6 +46,7 @@ from llmchat.core.errors import APIError, LLMChatError, UsageError
 from llmchat.core.errors import TimeoutError as APITimeoutError
 from llmchat.core.http import Pools, Transport, WireResponse
 from llmchat.core.load._prompts import PromptPlan
+from llmchat.core.load._schedule import from_schedule, schedule_lag_ms
 from llmchat.core.load._stats import SLO, Tally
 from llmchat.core.observe import Attribution, Bus, ColdStartDetector, Phases, TimingRecord, attribute
 from llmchat.core.policy import RateLimits
@@ -117,6 +118,8 @@ class Scenario:
             raise UsageError(f"--prompts must not be negative, got {self.distinct_prompts}")
         if self.max_tokens < 1:
             raise UsageError(f"--max-tokens must be at least 1, got {self.max_tokens}")
+        if self.max_in_flight < 1:
+            raise UsageError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
         if self.slices < 1:
             raise UsageError(f"--slices must be at least 1, got {self.slices}")
         if self.requests is not None and self.requests < self.slices:
@@ -203,6 +206,8 @@ class Sample:
     """Open loop: how late the request went out after its scheduled arrival (the in-flight cap, a busy
     loop)."""
     attribution: Attribution | None = None
+    due_ns: int | None = None
+    """Open loop: the scheduled start (perf_counter_ns); its JSON then has the latencies counted from it."""
 
     def to_json(self) -> dict[str, Any]:
         """The record's summary (no text, no secrets), the chunk gaps, the request's place in the run, and
@@ -217,6 +222,11 @@ class Sample:
             **self.record.summary(),
             "itl_ms": [round(v, 3) for v in self.record.itl_ms],
         }
+        if self.due_ns is not None:
+            # Counted from the scheduled start: the lag plus the record's own (coordinated omission).
+            ttft, e2e = from_schedule(self.record, self.due_ns)
+            data["scheduled_ttft_ms"] = None if ttft is None else round(ttft, 3)
+            data["scheduled_e2e_ms"] = None if e2e is None else round(e2e, 3)
         if self.attribution is not None:
             data["attribution"] = self.attribution.to_dict()
         return data
@@ -471,31 +481,32 @@ class LoadRun:
                 if room.locked():
                     self.cap_hits += 1
                 await room.acquire()
-                tg.create_task(self._send_released(room, client, name, slice_no, index, due))
+                tg.create_task(self._send_released(room, client, name, slice_no, index, due, start))
                 index += 1
 
     async def _send_released(self, room: asyncio.Semaphore, client: ChatClient, name: str, slice_no: int,
-                             index: int, due: int) -> None:
+                             index: int, due: int, start: int) -> None:
         try:
-            await self._send(client, name, slice_no, index, due)
+            await self._send(client, name, slice_no, index, due, start)
         finally:
             room.release()
 
-    async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None) -> None:
+    async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
+                    start: int = 0) -> None:
         messages, long = self.plan.messages(slice_no, index)
-        sent = time.perf_counter_ns()
         record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
                                     params=self.scenario.params())
         attribution = attribute(record, detector=self.detector)
-        self.tallies[name].add(record, attribution, long=long)
+        since_s = 0.0 if due is None else (due - start) / 1e9
+        self.tallies[name].add(record, attribution, long=long, due_ns=due, since_s=since_s)
         self.done += 1
         if record.error_kind is not None:
             self.failed += 1
             if self.first_error is None:
                 self.first_error = record.error or record.error_kind
         if self.on_sample is not None:
-            lag_ms = 0.0 if due is None else max(0, sent - due) / 1e6
-            self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution))
+            lag_ms = 0.0 if due is None else schedule_lag_ms(record, due)
+            self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution, due))
 
 
 async def _first_model(target: Target, cache_dir: str, pools: Pools) -> str:

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmchat.core.load._schedule import LagTrend, ScheduleFigures, from_schedule, schedule_lag_ms
 from llmchat.core.observe import GROUPS, PARTS, Attribution, TimingRecord, attribute, percentile
 
 QUANTILES = (50, 90, 99)
@@ -298,6 +299,8 @@ class ConfigStats:
     """Metrics (``METRICS``) whose percentiles came from the histogram (more than EXACT_LIMIT values)."""
     approximate_parts: tuple[str, ...] = ()
     """Attribution parts whose percentiles came from the histogram."""
+    schedule: ScheduleFigures | None = None
+    """Open loop: lag and latencies from each request's scheduled start (``_schedule``); None in a closed one."""
 
     @property
     def failed(self) -> int:
@@ -400,6 +403,7 @@ class ConfigStats:
             "attribution": {k: {q: (_r(v) if q != "n" else v) for q, v in row.items()}
                             for k, row in self.attribution.items()},
             "attribution_shares": {g: round(v, 4) for g, v in self.attribution_shares.items()},
+            "schedule": None if self.schedule is None else self.schedule.to_json(),
         }
 
 
@@ -432,11 +436,17 @@ class Tally:
         self.group_ms: dict[str, float] = {}
         self.total_ms = 0.0
         """The summed totals of the successful requests' attributions (the shares' denominator)."""
+        self.scheduled: dict[str, Distribution] | None = None
+        """Open loop: "lag" of every request, "ttft" and "e2e" from the scheduled start of the successful."""
+        self.trend = LagTrend()
 
     def add(self, record: TimingRecord, attribution: Attribution | None = None, *,
-            long: bool = False) -> None:
-        """Count one finished request; ``attribution`` is ``attribute(record)`` (made here when not given)."""
+            long: bool = False, due_ns: int | None = None, since_s: float = 0.0) -> None:
+        """Count one finished request; ``attribution`` is ``attribute(record)`` (made here when not given).
+        ``due_ns``: an open loop's scheduled start, ``since_s`` seconds after its slice began."""
         self.requests += 1
+        if due_ns is not None:
+            self._schedule(record, due_ns, since_s)
         self.long_prompts += long
         self.retries += len(record.retries)
         self.cache_hits += record.cache_hit
@@ -469,9 +479,37 @@ class Tally:
             self.group_ms[group] = self.group_ms.get(group, 0.0) + ms
         self.total_ms += attribution.total_ms
 
+    def _schedule(self, record: TimingRecord, due_ns: int, since_s: float) -> None:
+        scheduled = self.scheduled
+        if scheduled is None:
+            scheduled = self.scheduled = {k: Distribution(self.limit) for k in ("lag", "ttft", "e2e")}
+        lag = schedule_lag_ms(record, due_ns)
+        scheduled["lag"].add(lag)
+        self.trend.add(since_s, lag)
+        if record.error_kind is None:
+            ttft, e2e = from_schedule(record, due_ns)
+            if ttft is not None:
+                scheduled["ttft"].add(ttft)
+            if e2e is not None:
+                scheduled["e2e"].add(e2e)
+
+    def schedule_figures(self) -> ScheduleFigures | None:
+        """The open loop's figures from the schedule so far; None when no request had a scheduled start."""
+        if self.scheduled is None:
+            return None
+
+        def qs(d: Distribution) -> dict[str, float | None]:
+            return {**{f"p{q}": d.percentile(q) for q in QUANTILES}, "max": d.high if d.count else None}
+
+        s = self.scheduled
+        return ScheduleFigures(lag=qs(s["lag"]), ttft=qs(s["ttft"]), e2e=qs(s["e2e"]),
+                               slope_ms_per_s=self.trend.slope_ms_per_s, rise_ms=self.trend.rise_ms,
+                               growing=self.trend.growing)
+
     def nbytes(self) -> int:
         """The bytes the kept values take (every Distribution's arrays): bounded by ``limit`` per metric."""
-        return sum(d.nbytes() for d in [*self.latency.values(), *self.parts.values()])
+        return sum(d.nbytes() for d in [*self.latency.values(), *self.parts.values(),
+                                        *(self.scheduled or {}).values()])
 
     def stats(self, wall_ns: int) -> ConfigStats:
         """Every figure so far, over ``wall_ns`` of wall time."""
@@ -507,6 +545,7 @@ class Tally:
             attribution_shares=shares,
             approximate=tuple(m for m, d in self.latency.items() if not d.exact),
             approximate_parts=tuple(k for k in keys if not self.parts[k].exact),
+            schedule=self.schedule_figures(),
         )
 
 

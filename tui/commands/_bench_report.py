@@ -8,7 +8,7 @@ table above it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from xml.sax.saxutils import escape
 
 from llmchat.core.client import summarize_snapshots
@@ -19,6 +19,7 @@ from llmchat.core.load import (
     QUANTILES,
     RELATIVE_ERROR,
     ConfigStats,
+    ScheduleFigures,
     compare_rows,
 )
 from llmchat.core.observe import PARTS
@@ -98,6 +99,46 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     if approximate:
         text += "\n" + _approximate_note(approximate)
     return text
+
+
+def schedule_table(stats: Sequence[ConfigStats]) -> str:
+    """An open loop's figures from the schedule: schedule lag, and TTFT and end-to-end counted from each
+    request's scheduled start beside the same from its actual start; empty in a closed loop."""
+    timed = [s for s in stats if s.schedule is not None]
+    if not timed:
+        return ""
+    rows: list[list[str]] = [["from the scheduled start", "", *(s.name for s in timed)]]
+    series: list[tuple[str, Callable[[ConfigStats, str], float | None]]] = [
+        ("schedule lag ms", lambda s, q: _sched(s).lag[q]),
+        ("TTFT ms, scheduled", lambda s, q: _sched(s).ttft[q]),
+        ("TTFT ms, actual", lambda s, q: s.latency["ttft"][q]),
+        ("end-to-end ms, scheduled", lambda s, q: _sched(s).e2e[q]),
+        ("end-to-end ms, actual", lambda s, q: s.latency["e2e"][q]),
+    ]
+    for label, value in series:
+        for i, q in enumerate(f"p{q}" for q in QUANTILES):
+            rows.append([label if i == 0 else "", q, *(fmt_ms(value(s, q)) for s in timed)])
+    rows.append(["lag growth ms/s", "", *(f"{_sched(s).slope_ms_per_s:+.1f}" for s in timed)])
+    return (grid(rows, left=2) + "\nschedule lag: how late each request started after its scheduled arrival; "
+            "latencies counted from the scheduled start include it (coordinated omission)")
+
+
+def _sched(s: ConfigStats) -> ScheduleFigures:
+    assert s.schedule is not None  # schedule_table keeps the open loop's configurations only
+    return s.schedule
+
+
+def schedule_warning(stats: Sequence[ConfigStats], *, cap: int, cap_hits: int) -> str | None:
+    """The line said when an open loop's schedule lag grew over the run: the client, not the server, was the
+    limit (its in-flight cap when that filled, else its own CPU); None when it kept up."""
+    grown = [s for s in stats if s.schedule is not None and s.schedule.growing]
+    if not grown:
+        return None
+    names = ", ".join(f"{s.name} +{s.schedule.rise_ms:.0f} ms" for s in grown if s.schedule is not None)
+    why = (f"its cap of {cap} requests in flight filled {cap_hits} times (raise --max-in-flight)" if cap_hits
+           else "it could not send as fast as the arrivals came (its CPU: try --workers or a lower --rate)")
+    return (f"llmchat: schedule lag grew over the run ({names}): the client, not the server, was the limit; "
+            f"{why}. Latencies from the scheduled start count that wait")
 
 
 def _approximate_note(names: Sequence[str]) -> str:

@@ -19,8 +19,9 @@ import shutil
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from llmchat.core import BaselineStore, Bus, ColdStartDetector, __version__, load_settings, mask_url
 from llmchat.core.client import summarize_snapshots
@@ -29,20 +30,29 @@ from llmchat.core.errors import UsageError
 from llmchat.core.load import (
     CLIENT_ERRORS,
     CONFIGS,
+    MAX_IN_FLIGHT,
+    MAX_LEVELS,
     SLO,
     ConfigStats,
+    Level,
     LoadRun,
     Sample,
     Scenario,
+    Sweep,
+    SweepResult,
     Target,
     compare_rows,
     parse_configs,
+    run_sweep,
 )
 from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
 from llmchat.core.policy import RateLimits
 from llmchat.tui.commands import _bench_report as report
+from llmchat.tui.commands import _bench_sweep as sweep_report
 from llmchat.tui.commands import _options
 from llmchat.tui.commands._provider import offline_default
+
+T = TypeVar("T")
 
 _EPILOG = "configurations for --compare (join with + to combine, e.g. h1+noretry):\n" + "\n".join(
     f"  {name:<8} {text}" for name, text in CONFIGS.items()
@@ -83,12 +93,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--compare", metavar="LIST", help="configurations to run side by side, e.g. h2,h1,nopool (see below)")
     a("--slices", type=int, metavar="N",
       help="interleaved slices per configuration (default 5 with --compare)")
+    a("--sweep", metavar="SPEC", help="run each level of load in turn: users:1,2,4,8 or rate:5,10,20, or "
+      "users:auto / rate:auto (doubling from --users / --rate until the knee, the SLO missed, 5%% server "
+      "errors or --sweep-max levels); prints a row per level, the knee and the highest level meeting --slo-*")
+    a("--sweep-max", type=int, default=MAX_LEVELS, metavar="N",
+      help=f"most levels of an automatic sweep (default {MAX_LEVELS})")
     a("--slo-ttft-ms", type=float, metavar="MS", help="goodput counts requests with TTFT at most this")
     a("--slo-e2e-ms", type=float, metavar="MS", help="goodput counts requests with end-to-end at most this")
     a("--json", metavar="PATH", help="write every request's timing record to PATH as it finishes, and every "
       "figure at the end (JSON Lines: the run, the requests, the summary last)")
     a("--plot", nargs="?", const="-", metavar="SVG",
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
+    a("--max-in-flight", type=int, metavar="N",
+      help=f"open loop: at most N requests in flight, later arrivals wait (default {MAX_IN_FLIGHT})")
     a("--max-connections", type=int, metavar="N",
       help="pool size of every configuration (default: one connection per user, or the open loop's in-flight "
       "cap); nopool has no limit")
@@ -113,11 +130,60 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         requests=requests, duration_s=args.duration, ramp_s=args.ramp_s, long_ratio=args.long_ratio,
         distinct_prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
         seed=args.seed, model=args.model, slices=slices,
+        max_in_flight=MAX_IN_FLIGHT if args.max_in_flight is None else args.max_in_flight,
     )
     if args.rate is not None and not args.rate > 0:
         raise UsageError(f"--rate must be a positive number of requests per second, got {args.rate:g}")
     scenario.validate()
     return scenario
+
+
+def sweep_from_args(args: argparse.Namespace) -> Sweep | None:
+    """The sweep ``--sweep`` describes, or None; UsageError for a bad one or one beside --compare."""
+    if not args.sweep:
+        return None
+    if args.compare:
+        raise UsageError("--sweep varies the load under one configuration; drop --compare (or run a sweep "
+                         "per configuration)")
+    return Sweep.parse(args.sweep, users=args.users, rate=args.rate, max_levels=args.sweep_max)
+
+
+def _report_sweep(args: argparse.Namespace, result: SweepResult, interrupted: bool) -> int:
+    """Print a sweep's figures, its plot when asked, and its warnings; the exit status."""
+    s = result.sweep
+    axis = "closed loop, users" if s.axis == "users" else "open loop, Poisson arrivals at requests/s"
+    levels = f"doubling from {s.start:g}" if s.auto else ", ".join(f"{v:g}" for v in s.levels)
+    title = f"llmchat bench --sweep: {axis} {levels}, {result.mode} mode, max_tokens {args.max_tokens}"
+    print(title + ("  (interrupted: partial figures)" if interrupted else ""))
+    print()
+    if result.levels:
+        print(sweep_report.sweep_table(result))
+        print()
+    for line in sweep_report.sweep_summary(result):
+        print(line)
+    if result.levels and args.plot == "-":
+        print()
+        print(sweep_report.terminal_curve(result, width=shutil.get_terminal_size().columns,
+                                          colour=sys.stdout.isatty()))
+    elif result.levels and args.plot:
+        _write(args.plot, sweep_report.svg_curve(result, title=title), "--plot")
+    sys.stdout.flush()
+    warning = sweep_report.saturation_warning(result)
+    if warning:
+        print(warning, file=sys.stderr)
+    lagging = report.schedule_warning([lv.stats for lv in result.levels], cap=args.max_in_flight or
+                                      MAX_IN_FLIGHT, cap_hits=0)
+    if lagging:
+        print(lagging, file=sys.stderr)
+    done = sum(lv.stats.requests for lv in result.levels)
+    if interrupted:
+        print(f"llmchat: interrupted after {len(result.levels)} complete levels; the figures above cover "
+              "those", file=sys.stderr)
+        return 130
+    if done and all(lv.stats.ok == 0 for lv in result.levels):
+        print("llmchat: every request failed at every level", file=sys.stderr)
+        return 1
+    return 0
 
 
 def slo_from_args(args: argparse.Namespace) -> SLO:
@@ -137,8 +203,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_connections is not None and args.max_connections < 1:
         raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
     configs = parse_configs(args.compare) if args.compare else ["base"]
+    sweep = sweep_from_args(args)
     settings = load_settings(args.config)
-    progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty())
+    progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty(),
+                        levels=0 if sweep is None else sweep.count)
     interrupted = False
     # Cold-start baselines of earlier runs, read before the run and saved after it (never on the loop).
     store = BaselineStore()
@@ -171,16 +239,37 @@ def run(args: argparse.Namespace) -> int:
             if results is not None:
                 results.request(sample)
 
-        load = LoadRun(scenario, configs, target, slo=slo, detector=detector, on_sample=on_sample,
-                       on_slice=progress.slice, on_start=None if results is None else results.start)
-        try:
-            asyncio.run(_drive(load, progress))
-        except KeyboardInterrupt:
-            interrupted = True
-        store.save(detector.baselines())
-        stats = [load.tallies[name].stats(load.walls_ns[name]) for name in configs]
-        if results is not None:
-            results.finish(load, stats, interrupted)
+        if sweep is not None:
+            levels: list[Level] = []
+            result = SweepResult(sweep, scenario.mode, levels)
+
+            def on_level(level: float, run: LoadRun) -> None:
+                progress.slice(0, sweep.label(level))
+                if results is not None:
+                    results.start(run)
+
+            try:
+                result = asyncio.run(_drive(run_sweep(scenario, sweep, target, slo=slo, detector=detector,
+                                                      on_sample=on_sample, on_level=on_level, levels=levels),
+                                            progress))
+            except KeyboardInterrupt:
+                interrupted = True
+            store.save(detector.baselines())
+            if results is not None:
+                results.finish_sweep(result, interrupted)
+        else:
+            load = LoadRun(scenario, configs, target, slo=slo, detector=detector, on_sample=on_sample,
+                           on_slice=progress.slice, on_start=None if results is None else results.start)
+            try:
+                asyncio.run(_drive(load.run(), progress))
+            except KeyboardInterrupt:
+                interrupted = True
+            store.save(detector.baselines())
+            stats = [load.tallies[name].stats(load.walls_ns[name]) for name in configs]
+            if results is not None:
+                results.finish(load, stats, interrupted)
+    if sweep is not None:
+        return _report_sweep(args, result, interrupted)
     print(header(load, scenario, interrupted))
     print()
     print(report.figures_table(stats, mode=scenario.mode))
@@ -188,6 +277,10 @@ def run(args: argparse.Namespace) -> int:
     if where:
         print()
         print(where)
+    scheduled = report.schedule_table(stats)
+    if scheduled:
+        print()
+        print(scheduled)
     if load.metrics_url:
         print()
         url = mask_url(load.metrics_url)
@@ -205,7 +298,10 @@ def run(args: argparse.Namespace) -> int:
     if results is not None and results.dropped:
         print(f"llmchat: --json: {results.dropped} lines could not be written to {args.json}; the file is "
               "incomplete", file=sys.stderr)
-    if load.cap_hits:
+    lagging = report.schedule_warning(stats, cap=scenario.max_in_flight, cap_hits=load.cap_hits)
+    if lagging:
+        print(lagging, file=sys.stderr)
+    elif load.cap_hits:
         print(f"llmchat: the open loop reached its cap of {scenario.max_in_flight} requests in flight "
               f"{load.cap_hits} times, so those arrivals went out late (lag_ms in --json); lower --rate",
               file=sys.stderr)
@@ -234,10 +330,10 @@ def pool_warning(scenario: Scenario, configs: list[str], max_connections: int | 
             "pool for the load")
 
 
-async def _drive(load: LoadRun, progress: Progress) -> None:
+async def _drive(work: Awaitable[T], progress: Progress) -> T:
     ticker = asyncio.create_task(progress.tick()) if progress.enabled else None
     try:
-        await load.run()
+        return await work
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -327,6 +423,16 @@ class ResultFile:
         self._put(sample.to_json())
         self.request_lines += 1
 
+    def finish_sweep(self, result: SweepResult, interrupted: bool) -> None:
+        """A sweep's last line: each level's figures in ``configs`` (named for the level) and ``sweep``."""
+        self._put({
+            "type": "summary",
+            "request_lines": self.request_lines,
+            "configs": [lv.stats.to_json() for lv in result.levels],
+            "sweep": result.to_json(),
+            "interrupted": interrupted,
+        })
+
     def finish(self, load: LoadRun, stats: list[ConfigStats], interrupted: bool) -> None:
         """The last line: every figure (a run stopped before it started still gets its first line)."""
         self.start(load)
@@ -374,11 +480,12 @@ class Progress:
     WINDOW = 500
 
     def __init__(self, scenario: Scenario, configs: list[str], *, enabled: bool,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, levels: int = 0) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
-        self.total = None if scenario.requests is None else scenario.requests * len(configs)
-        self.seconds = None if scenario.duration_s is None else scenario.duration_s * len(configs)
+        runs = levels or len(configs)  # a sweep runs each level once, under one configuration
+        self.total = None if scenario.requests is None else scenario.requests * runs
+        self.seconds = None if scenario.duration_s is None else scenario.duration_s * runs
         self.slices = scenario.slices
         self.done = 0
         self.errors = 0
@@ -399,7 +506,10 @@ class Progress:
         elif record.error_kind is not None:
             self.errors += 1
         elif record.total_ms is not None:
-            self.recent[sample.config].append(record.total_ms)
+            recent = self.recent.get(sample.config)
+            if recent is None:  # a sweep's level, named as it starts
+                recent = self.recent[sample.config] = deque(maxlen=self.WINDOW)
+            recent.append(record.total_ms)
 
     def line(self) -> str:
         """The progress line as it would be drawn now."""
