@@ -51,8 +51,12 @@ class Peer:
         *,
         then: Literal["close", "keep", "hang", "reset"] = "close",
         later: Sequence[Step] | None = None,
+        chat_only: bool = False,
     ) -> None:
         self.steps = list(steps)
+        self.chat_only = chat_only
+        """Script only chat completions: any other request (the app's GET /models for the context window, its
+        POST /tokenize) gets a 404 and is not counted in ``requests``."""
         self.later = None if later is None else list(later)
         """The script for every request after the first (a 429, then the answer); None: ``steps`` again."""
         self.then = then
@@ -129,7 +133,11 @@ class Peer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._stop is not None
         while True:
-            await asyncio.wait_for(_read_request(reader), _IO_TIMEOUT_S)
+            request = await asyncio.wait_for(_read_request(reader), _IO_TIMEOUT_S)
+            if self.chat_only and b"/chat/completions " not in request.split(b"\r\n", 1)[0]:
+                writer.write(json_response(404, {"error": {"message": "not scripted"}}))
+                await writer.drain()
+                continue
             self.requests += 1
             script = self.steps if self.requests == 1 or self.later is None else self.later
             for step in script:

@@ -53,8 +53,9 @@ def _peer_app(p: P.Peer, tmp_path: Path, **changes: Any) -> ChatApp:
 async def _send(pilot: Any, app: ChatApp, text: str) -> ChatMessage:
     app.query_one(PromptInput).text = text
     await pilot.press("enter")
-    await _until(pilot, lambda: len(app.query(ChatMessage)) == 1)
-    return app.query_one(ChatMessage)
+    # The reply itself, not the thinking block a reasoning model's reply mounts above it (an aside).
+    await _until(pilot, lambda: len([m for m in app.query(ChatMessage) if not m.ASIDE]) == 1)
+    return next(m for m in app.query(ChatMessage) if not m.ASIDE)
 
 
 def _seen(reply: ChatMessage, log: list[str]) -> Callable[[], bool]:
@@ -128,7 +129,7 @@ async def test_batch_mode_waits_for_the_whole_reply_and_says_so(server_factory: 
 async def test_a_429_counts_down_in_words_then_the_reply_comes(peer: Callable[..., P.Peer],
                                                                tmp_path: Path) -> None:
     limited = P.json_response(429, {"error": {"message": "Rate limit reached"}}, headers={"retry-after": "2"})
-    p = peer([limited], then="keep", later=_answer("All ", "good."))
+    p = peer([limited], then="keep", later=_answer("All ", "good."), chat_only=True)
     app = _peer_app(p, tmp_path, retry=RetrySettings(max_attempts=4, max_delay_s=10.0))
     reply, log = await _states(app, "hello", width=160)
     assert reply.status == "done" and reply.text == "All good."
@@ -144,7 +145,7 @@ async def test_a_429_counts_down_in_words_then_the_reply_comes(peer: Callable[..
 
 
 async def test_a_stall_says_so_then_streaming_resumes(peer: Callable[..., P.Peer], tmp_path: Path) -> None:
-    p = peer(_answer("Kept ", "and the rest.", stall_s=1.5), then="keep")
+    p = peer(_answer("Kept ", "and the rest.", stall_s=1.5), then="keep", chat_only=True)
     app = _peer_app(p, tmp_path, ui=UISettings(stall_s=0.5))
     reply, log = await _states(app, "hello")
     assert reply.text == "Kept and the rest."
@@ -158,7 +159,7 @@ async def test_reasoning_before_the_answer_shows_as_thinking(peer: Callable[...,
     steps: list[P.Step] = [P.SSE_HEAD, P.event(P.delta(reasoning_content="Let me see.")), P.Pause(0.6),
                            P.event(P.delta(reasoning_content=" Yes.")), P.Pause(0.6),
                            P.event(P.delta("Answer.", finish_reason="stop")), P.DONE, P.END]
-    p = peer(steps, then="keep")
+    p = peer(steps, then="keep", chat_only=True)
     app = _peer_app(p, tmp_path, ui=UISettings(stall_s=30.0))
     reply, log = await _states(app, "think first")
     assert reply.text == "Answer."

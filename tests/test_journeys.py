@@ -500,7 +500,7 @@ def test_a_rate_limit_counts_down_under_the_reply_at_90_columns(
     limited = P.json_response(429, {"error": {"message": "Rate limit reached"}}, headers={"retry-after": "4"})
     answer = [P.SSE_HEAD, P.event(P.delta("All ")), P.event(P.delta("good.", finish_reason="stop")),
               P.DONE, P.END]
-    p = peer([limited], then="keep", later=answer)
+    p = peer([limited], then="keep", later=answer, chat_only=True)
     t = start_narrow(terminals, peer_config(p))
     type_prompt(t, "Are you there?")
     seen: list[float] = []
@@ -526,7 +526,7 @@ def test_a_stall_says_so_under_the_reply_at_90_columns(
 ) -> None:
     stalling = [P.SSE_HEAD, P.event(P.delta("Kept so far")), P.Pause(4.0),
                 P.event(P.delta(", then the rest.", finish_reason="stop")), P.DONE, P.END]
-    p = peer(stalling, then="keep")
+    p = peer(stalling, then="keep", chat_only=True)
     t = start_narrow(terminals, peer_config(p, "\n[ui]\nstall_s = 1.0\n"))
     type_prompt(t, "Take your time")
     screen = t.wait_for(lambda s: "stalled: no token for" in s, STEP_S, what="the stall under the reply")
