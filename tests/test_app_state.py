@@ -156,7 +156,7 @@ async def test_a_stall_says_so_then_streaming_resumes(peer: Callable[..., P.Peer
 
 async def test_reasoning_before_the_answer_shows_as_thinking(peer: Callable[..., P.Peer],
                                                              tmp_path: Path) -> None:
-    steps: list[P.Step] = [P.SSE_HEAD, P.event(P.delta(reasoning_content="Let me see.")), P.Pause(0.6),
+    steps: list[P.Step] = [P.SSE_HEAD, P.event(P.delta(reasoning_content="Let me see.")), P.Pause(1.2),
                            P.event(P.delta(reasoning_content=" Yes.")), P.Pause(0.6),
                            P.event(P.delta("Answer.", finish_reason="stop")), P.DONE, P.END]
     p = peer(steps, then="keep", chat_only=True)

@@ -321,6 +321,8 @@ class ChatApp(BranchActions, App[None]):
             badge.update(self._badge_text())
 
     async def on_mount(self) -> None:
+        # Where answers come from, on screen from the first frame (start-up below awaits the history and more).
+        self._show_endpoint()
         # The HUD's detector carries the cold-start baselines from one run to the next; the provider's
         # metrics_url is scraped beside the requests.
         signals = await ServerSignals(self.settings, detector=self.query_one(Hud).metrics.detector).open()
