@@ -166,11 +166,20 @@ class Conversation(VerticalScroll):
             return
         # Keep what is on screen in place: note the message at the top of the view and where in it
         # the view starts, then scroll back to that spot once the new heights are laid out.
-        anchor = None if self.following else self._message_at_top()
+        anchor = None if self.following else self._anchor_message()
         for widget in changed:
             widget.refresh(layout=True)
         if anchor is not None:
             self.call_after_refresh(self._scroll_back, *anchor)
+
+    def _anchor_message(self) -> tuple[Widget, int] | None:
+        # A selected message in view is what the reader looks at: it stays put, not the one at the top.
+        selected, top = self.selected, round(self.scroll_y)
+        if selected is not None:
+            region = selected.virtual_region
+            if region.y < top + self.size.height and region.bottom > top:
+                return selected, top - region.y
+        return self._message_at_top()
 
     def _message_at_top(self) -> tuple[Widget, int] | None:
         top = round(self.scroll_y)
@@ -225,7 +234,14 @@ class Conversation(VerticalScroll):
         self._selected = message
         if message is not None:
             message.add_class("-selected")
-            self.scroll_to_widget(message, animate=False, top=message.outer_size.height > self.size.height)
+            # Scrolled once the layout has the message's real place: computed now, from heights still
+            # estimated (history rendered in the background), the scroll could land elsewhere.
+            self.call_after_refresh(self._reveal, message)
+
+    def _reveal(self, message: Widget) -> None:
+        if message is self.selected:
+            self.scroll_to_widget(message, animate=False, immediate=True,
+                                  top=message.outer_size.height > self.size.height)
 
     def select_step(self, step: int) -> UserMessage | ChatMessage | None:
         """Move the selection ``step`` messages on (negative: back); from no selection, back starts at the
