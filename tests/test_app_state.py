@@ -16,6 +16,7 @@ from test_app import MODEL, _settings, _until
 
 from llmchat.core import CacheSettings, ChatClient, RetrySettings, Settings, UISettings
 from llmchat.core.history._store import HistoryStore
+from llmchat.core.policy import RateLimits
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
 from llmchat.tui.widgets.chat import ChatMessage, PromptInput
@@ -141,6 +142,34 @@ async def test_a_429_counts_down_in_words_then_the_reply_comes(peer: Callable[..
     lefts = [float(line.split(" in ", 1)[1].split(" s", 1)[0]) for line in countdown]
     assert lefts == sorted(lefts, reverse=True) and lefts[0] - lefts[-1] >= 0.5, lefts  # it counts down
     assert not any("retry-after" in line.lower() for line in log), log
+    assert p.requests == 2
+
+
+async def test_after_a_429_the_next_prompt_is_held_by_the_client_and_counts_down_to_its_send(
+        peer: Callable[..., P.Peer], tmp_path: Path) -> None:
+    # No retries: the 429 ends the first reply; the prompt sent again at once is held by the app's own
+    # limiter, which learnt the server's Retry-After, and goes out when it has passed.
+    limited = P.json_response(429, {"error": {"message": "Rate limit reached"}}, headers={"retry-after": "2"})
+    p = peer([limited], then="keep", later=_answer("All ", "good."), chat_only=True)
+    settings = _settings(tmp_path, retry=RetrySettings(max_attempts=1))
+    client = ChatClient(settings, base_url=p.base_url, model=MODEL, http2=False, limits=RateLimits())
+    app = make_app(settings=settings, client=client, store=HistoryStore(tmp_path / "history.sqlite3"))
+    log: list[str] = []
+    async with app.run_test(size=(160, 40)) as pilot:
+        first = await _send(pilot, app, "hello")
+        await _until(pilot, lambda: first.is_final)
+        assert first.status == "error"
+        app.query_one(PromptInput).text = "hello again"
+        await pilot.press("enter")
+        await _until(pilot, lambda: len([m for m in app.query(ChatMessage) if not m.ASIDE]) == 2)
+        second = [m for m in app.query(ChatMessage) if not m.ASIDE][-1]
+        await _watch_until(pilot, second, log, lambda: second.is_final)
+    assert second.status == "done" and second.text == "All good.", (second.status, second.text)
+    held = [line for line in log if line.startswith("held: the server asked to wait (HTTP 429) · sends in ")]
+    assert held, log
+    lefts = [float(line.split("sends in ", 1)[1].split(" s", 1)[0]) for line in held]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] - lefts[-1] >= 0.5, lefts  # it counts down
+    assert all(" · Esc cancels · " in line for line in held), held
     assert p.requests == 2
 
 

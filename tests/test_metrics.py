@@ -285,6 +285,25 @@ def test_pending_since_is_the_oldest_request_in_flight() -> None:
     assert m.last_activity_ns() == 2_500 * MS
 
 
+def test_the_limiters_hold_of_a_request_is_known_until_it_ends() -> None:
+    from llmchat.core.policy import ProviderLimiter
+
+    limiter = ProviderLimiter("p", rpm=1, clock=lambda: 0.0)
+    limiter.reserve(1)
+    hold = limiter.reserve(1)  # the minute's one request is spent: this one waits
+    m = Metrics()
+    held, other = record(), record()
+    m.observe_started(held)
+    m.observe_started(other)
+    before = time.perf_counter_ns()
+    m.observe_hold(held, hold)
+    assert m.planned_hold(other) is None
+    got = m.planned_hold(held)
+    assert got is not None and got[0] is hold and got[1] >= before
+    m.observe_done(held)
+    assert m.planned_hold(held) is None and m.pending_hold is None
+
+
 def test_the_running_request_and_its_planned_retry() -> None:
     m = Metrics()
     assert m.running is None

@@ -3,11 +3,14 @@ reasons in words, the countdown, and how the line shortens to a width (tui/reque
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from llmchat.core import Bus, RequestStarted, RetryEvent, RetryPlanned, TimingRecord
+from llmchat.core import Bus, RateLimitHeld, RequestStarted, RetryEvent, RetryPlanned, TimingRecord
+from llmchat.core.policy import ProviderLimiter
 from llmchat.tui.fit import fit
-from llmchat.tui.request_state import RequestWatch, Retry, describe, retry_reason
+from llmchat.tui.request_state import Held, RequestWatch, Retry, describe, retry_reason
 
 S = 1_000_000_000
 T0 = 10 * S
@@ -57,6 +60,39 @@ def test_a_rate_limit_counts_down_with_its_reason_in_words() -> None:
     # Its headers came: the retry is over, the request waits for its first token again.
     r.phases.headers_ns = T0 + 47 * S
     assert describe(r, T0 + 48 * S, stall_s=60, retry=retry).kind == "waiting"
+
+
+def _hold(reason: str, wait_s: float) -> object:
+    """A real hold of the client's limiter, for ``reason``: a 1-per-minute bucket spent, or a 429."""
+    clock = [0.0]
+    limiter = ProviderLimiter("p", rpm=1 if reason == "requests" else 0, tpm=100 if reason == "tokens" else 0,
+                              clock=lambda: clock[0])
+    if reason == "429":
+        limiter.throttled({"retry-after": str(wait_s)})
+    else:
+        limiter.reserve(100 if reason == "tokens" else 1)
+    hold = limiter.reserve(100 if reason == "tokens" else 1)
+    assert hold.reason == reason and hold.wait_s > 0
+    return hold
+
+
+@pytest.mark.parametrize(("reason", "words"), [
+    ("requests", "held: client rate limit (requests per minute)"),
+    ("tokens", "held: client rate limit (tokens per minute)"),
+    ("429", "held: the server asked to wait (HTTP 429)"),
+])
+def test_a_hold_of_the_clients_own_limiter_counts_down_to_the_send(reason: str, words: str) -> None:
+    r = _record()
+    hold = _hold(reason, 30.0)
+    wait = float(hold.wait_s)  # type: ignore[attr-defined]
+    state = describe(r, T0 + 2 * S, stall_s=3, held=Held(hold, T0))
+    assert state.kind == "held"
+    assert state.plain == f"{words} · sends in {math.ceil(wait - 2)} s · Esc cancels · 2.0 s"  # rounded up
+    # Sent: the line waits for the first token again, and a retry announced later is shown as a retry.
+    after = describe(r, T0 + int((wait + 0.5) * S), stall_s=600, held=Held(hold, T0))
+    assert after.kind == "waiting"
+    narrow = state.line(30).plain
+    assert "sends in" in narrow and len(narrow) <= 30, narrow
 
 
 @pytest.mark.parametrize(("event", "words"), [
@@ -137,5 +173,10 @@ def test_the_watch_takes_the_request_of_its_messages_and_its_retries_from_the_bu
     assert watch.retry is not None and watch.retry.event.attempt == 2
     label, line = watch(mine.t0_ns + S, 200)
     assert label == "llmchat-local" and "retry 2 of 4" in line.plain
+    bus.publish(RateLimitHeld(other, _hold("requests", 0)))
+    assert watch.held is None
+    bus.publish(RateLimitHeld(mine, _hold("requests", 0)))
+    assert watch.held is not None and watch.held.hold.reason == "requests"
+    assert "held: client rate limit" in watch.state(watch.held.started_ns + S).plain
     stop()
-    assert not bus.wants(RequestStarted) and not bus.wants(RetryPlanned)
+    assert not bus.wants(RequestStarted) and not bus.wants(RetryPlanned) and not bus.wants(RateLimitHeld)

@@ -41,6 +41,7 @@ SURFACE: dict[str, list[str]] = {
         "load_settings", "mask_secret", "mask_url", "parse_server_metrics", "part_samples", "percentile",
         "resolve_provider", "scrape_server_metrics", "shares_over",
         "Pools",
+        "RateLimitHeld",
     ],
     "llmchat.core.client": [
         "ChatClient", "ChatReply", "ChatStream", "ServerMetricsPoller", "ServerSignals", "Warmer",

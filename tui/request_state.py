@@ -8,7 +8,8 @@ this module nothing while its tokens stream.
 The states, in the order a request can pass through them: waiting for the first token (or, in batch mode, for
 the reply), thinking (reasoning deltas before the answer), streaming, stalled (no token for ``stall_s``),
 waiting to retry (with the reason in words and a countdown), retrying (the wait is over and the next attempt
-has no answer yet), and from cache.
+has no answer yet), held (the client's own rate limiter keeps an attempt back, with a countdown), and from
+cache.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from typing import Any, Literal
 from rich.cells import cell_len
 from rich.text import Text
 
-from llmchat.core import Bus, RequestStarted, RetryPlanned, TimingRecord
+from llmchat.core import Bus, RateLimitHeld, RequestStarted, RetryPlanned, TimingRecord
 from llmchat.tui.fit import fit
 
 _NS_PER_S = 1_000_000_000
 _SEP = " · "
 
-Kind = Literal["sending", "waiting", "thinking", "streaming", "stalled", "retry-wait", "retrying", "cached"]
+Kind = Literal["sending", "waiting", "thinking", "streaming", "stalled", "retry-wait", "retrying", "held", "cached"]
 
 #: What an HTTP status a retry follows means, in words.
 _STATUS_WORDS = {
@@ -45,6 +46,12 @@ _REASON_WORDS = {
     "refused stream": "the server refused the stream",
 }
 _SERVER_ASKED = ("retry-after-ms", "Retry-After")
+#: Why the client's limiter holds a request (``Hold.reason``), in words.
+_HOLD_WORDS = {
+    "requests": "client rate limit (requests per minute)",
+    "tokens": "client rate limit (tokens per minute)",
+    "429": "the server asked to wait (HTTP 429)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,15 @@ class Retry:
 
     event: Any
     planned_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A hold the bus announced (``RateLimitHeld``): the limiter's ``Hold`` and when it began
+    (``perf_counter_ns``)."""
+
+    hold: Any
+    started_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +156,15 @@ def describe(
     stall_s: float,
     cancel_key: str = "Esc",
     retry: Retry | None = None,
+    held: Held | None = None,
     reasoning_chars: int = 0,
     reasoning_quiet_s: float = 0.0,
     since_ns: int | None = None,
 ) -> State:
     """The state of the request behind ``record`` at ``now_ns`` (``perf_counter_ns``).
 
-    ``retry`` is the last retry announced for it; ``reasoning_chars`` how much reasoning has come (before the
+    ``retry`` is the last retry announced for it, ``held`` the last hold of the client's rate limiter;
+    ``reasoning_chars`` how much reasoning has come (before the
     answer) and ``reasoning_quiet_s`` how long since it last grew; ``since_ns`` when the reply was asked for,
     used while there is no record yet (batch mode opens its record inside the client).
     """
@@ -161,6 +179,10 @@ def describe(
         if tokens:
             parts.append(Part((f"{tokens:,} tokens",)))
         return State("cached", tuple(parts), elapsed)
+    if held is not None and record.first_token_ns is None:
+        left = (held.started_ns + int(float(held.hold.wait_s) * _NS_PER_S) - now_ns) / _NS_PER_S
+        if left > 0:
+            return _holding(held, left, elapsed, cancel)
     if retry is not None and record.first_token_ns is None and not _answered_after(record, retry.planned_ns):
         return _retrying(retry, now_ns, elapsed, cancel)
     if record.first_token_ns is None:
@@ -223,6 +245,17 @@ def _retrying(retry: Retry, now_ns: int, elapsed: float, cancel: Part) -> State:
     return State("retry-wait", (reason, countdown, cancel), elapsed, elapsed_rank=3)
 
 
+def _holding(held: Held, left: float, elapsed: float, cancel: Part) -> State:
+    # The request has not gone out: the wait is the client's own, so the line says whose and why, and the
+    # countdown is to the moment it is sent.
+    reason = str(held.hold.reason)
+    words = _HOLD_WORDS.get(reason, f"client rate limit ({reason})")
+    why = Part((f"held: {words}", "held: client rate limit" if reason != "429" else "held: HTTP 429", "held"),
+               "status.warning", rank=1)
+    countdown = Part((f"sends in {_countdown(left)}",), "status.warning", rank=0)
+    return State("held", (why, countdown, cancel), elapsed, elapsed_rank=3)
+
+
 class RequestWatch:
     """The request behind one pending reply, followed on the bus for its retries; ``state(now_ns)`` says
     what it is doing. Make one per reply, ``follow`` the bus, and call the function it returns at the end.
@@ -237,6 +270,7 @@ class RequestWatch:
         self.record: TimingRecord | None = None
         """The request's record, once known (a stream has it at once; batch mode's comes with its start)."""
         self.retry: Retry | None = None
+        self.held: Held | None = None
         self._since_ns = time.perf_counter_ns()
         self._reasoning: Callable[[], str] | None = None
         self._reasoning_chars = 0
@@ -257,7 +291,12 @@ class RequestWatch:
             if event.record is self.record:
                 self.retry = Retry(event.event, time.perf_counter_ns())
 
-        offs = [bus.subscribe(RequestStarted, started), bus.subscribe(RetryPlanned, planned)]
+        def holding(event: RateLimitHeld) -> None:
+            if event.record is self.record:
+                self.held = Held(event.hold, time.perf_counter_ns())
+
+        offs = [bus.subscribe(RequestStarted, started), bus.subscribe(RetryPlanned, planned),
+                bus.subscribe(RateLimitHeld, holding)]
 
         def stop() -> None:
             for off in offs:
@@ -278,7 +317,7 @@ class RequestWatch:
             if chars != self._reasoning_chars:
                 self._reasoning_chars, self._reasoning_grew_ns = chars, now_ns
         return describe(
-            record, now_ns, stall_s=self.stall_s, cancel_key=self.cancel_key, retry=self.retry,
+            record, now_ns, stall_s=self.stall_s, cancel_key=self.cancel_key, retry=self.retry, held=self.held,
             reasoning_chars=self._reasoning_chars,
             reasoning_quiet_s=(now_ns - self._reasoning_grew_ns) / _NS_PER_S, since_ns=self._since_ns,
         )
@@ -291,4 +330,4 @@ class RequestWatch:
         return self.label, self.state(now_ns).line(width)
 
 
-__all__ = ["Part", "RequestWatch", "Retry", "State", "describe", "retry_reason", "seconds"]
+__all__ = ["Held", "Part", "RequestWatch", "Retry", "State", "describe", "retry_reason", "seconds"]

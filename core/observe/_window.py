@@ -232,7 +232,7 @@ class Metrics:
         self._live: dict[int, TimingRecord] = {}
         self._listeners: list[Callable[[], None]] = []
         self._retry: tuple[TimingRecord, object, Any, int] | None = None
-        self._hold: tuple[TimingRecord, object, Any] | None = None
+        self._hold: tuple[TimingRecord, object, Any, int] | None = None
         self._headroom: dict[str, Headroom] = {}
         self._chunks_live = False  # True while Chunk events are counted as they come (subscribe(chunks=True))
         self.detector = detector if detector is not None else ColdStartDetector()
@@ -317,7 +317,7 @@ class Metrics:
         request back; None once its attempt went out."""
         if self._hold is None:
             return None
-        record, phases, hold = self._hold
+        record, phases, hold, _ = self._hold
         if record.phases is not phases or record.end_ns is not None:
             return None  # the attempt after the hold started (a new Phases), or the request ended
         return str(hold.describe())
@@ -344,6 +344,13 @@ class Metrics:
         if self._retry is None or self._retry[0] is not record:
             return None
         return self._retry[2], self._retry[3]
+
+    def planned_hold(self, record: TimingRecord) -> tuple[Any, int] | None:
+        """The limiter's last hold of ``record`` (a Hold) and when it began (perf_counter_ns), until the
+        request ends; None when there is none."""
+        if self._hold is None or self._hold[0] is not record:
+            return None
+        return self._hold[2], self._hold[3]
 
     def series(self, name: Series) -> list[float]:
         """A new list of the window's values, oldest first (a new list, so a Sparkline sees a change)."""
@@ -483,7 +490,7 @@ class Metrics:
     def observe_hold(self, record: TimingRecord, hold: Any) -> None:
         """The client's limiter holds ``record`` back (``hold``: a Hold, ``describe()``): ``pending_hold``."""
         self.holds += 1
-        self._hold = (record, record.phases, hold)
+        self._hold = (record, record.phases, hold, time.perf_counter_ns())
         self.requests_version += 1
         self._changed()
 

@@ -7,7 +7,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from llmchat.core.observe import Metrics
-from llmchat.tui.request_state import Retry, describe, seconds
+from llmchat.tui.request_state import Held, Retry, describe, seconds
 from llmchat.tui.widgets.hud._figures import MUTED_STYLE, OK_STYLE, WARN_STYLE
 
 _NS_PER_S = 1_000_000_000
@@ -41,8 +41,9 @@ def render_pending(metrics: Metrics, now_ns: int, stall_s: float, width: int = _
     badge = f" stall {quiet_s:.1f} s " if quiet_s is not None else ""
     record = metrics.running
     if record is not None:
-        planned = metrics.planned_retry(record)
-        state = describe(record, now_ns, stall_s=stall_s, retry=Retry(*planned) if planned else None)
+        planned, hold = metrics.planned_retry(record), metrics.planned_hold(record)
+        state = describe(record, now_ns, stall_s=stall_s, retry=Retry(*planned) if planned else None,
+                         held=Held(*hold) if hold else None)
         if state.kind != "stalled":  # the badge says so
             room = width - len(parts[0]) - len(crowd) - (len(badge) + 2 if badge else 0) - 3
             for text, style in state.pieces(room, elapsed=False, hints=False) if room > 0 else []:
