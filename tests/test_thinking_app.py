@@ -48,8 +48,8 @@ async def _send(pilot: Any, app: ChatApp, text: str) -> ChatMessage:
 async def test_thinking_streams_above_the_answer_folds_and_toggles(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
-    # ~1.5 s of thinking at 40 tokens/s: long enough to see it stream before the answer.
-    server = server_factory(ttft_ms=50, tokens_per_s=40, reasoning_tokens=60, default_max_tokens=12)
+    # ~3 s of thinking at 40 tokens/s: long enough to see it stream before the answer, even on a loaded machine.
+    server = server_factory(ttft_ms=50, tokens_per_s=40, reasoning_tokens=120, default_max_tokens=12)
     app = _app(server, tmp_path)
     async with app.run_test(size=(150, 45)) as pilot:
         reply = await _send(pilot, app, "why is the sky blue")
