@@ -15,7 +15,7 @@ from llmchat.core.config import BatchSettings, CacheSettings, ProviderSettings, 
 from llmchat.core.http import parse_reset, read_headroom
 from llmchat.core.load import read_jobs, run_jobs
 from llmchat.core.observe import Headroom, RateLimitHeld, RequestDone, TimingRecord, attribute
-from llmchat.core.policy import ProviderLimiter, RateLimits, estimate_tokens
+from llmchat.core.policy import ProviderLimiter, RateLimits, request_charge
 from llmchat.core.policy._limiter import NEAR_S
 from llmchat.core.server._run import RunningServer
 
@@ -120,7 +120,7 @@ def test_tokens_are_a_bucket_of_their_own_and_a_429_blocks_for_retry_after() -> 
     other.throttled({"retry-after-ms": "1500"})
     blocked = other.reserve()
     assert blocked.reason == "429" and blocked.wait_s == pytest.approx(1.5)
-    assert estimate_tokens(b"x" * 40, 16) == 26
+    assert request_charge(b"x" * 40, 16) == 26
 
 
 def test_a_hold_is_its_own_part_and_never_in_ttfb() -> None:

@@ -102,7 +102,7 @@ SURFACE: dict[str, list[str]] = {
     "llmchat.core.policy": [
         "Hold", "MicroBatcher", "ProviderLimiter", "RateLimits", "ReplyCache", "RetryEvent",
         "call_with_retries",
-        "estimate_tokens", "replay_chunks",
+        "replay_chunks", "request_charge",
     ],
     "llmchat.core.server": [
         "PROFILES", "PROFILE_SUMMARIES", "DelayProxy", "Listening", "RunningServer", "ServerMetrics",

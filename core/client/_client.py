@@ -50,8 +50,8 @@ from llmchat.core.policy import (
     ReplyCache,
     RetryEvent,
     call_with_retries,
-    estimate_tokens,
     replay_chunks,
+    request_charge,
 )
 from llmchat.core.text import SurrogateJoiner
 
@@ -279,7 +279,7 @@ class ChatClient:
             record.attempts = attempt
             hold = None
             if limiter is not None:
-                hold = limiter.reserve(estimate_tokens(body, max_tokens))
+                hold = limiter.reserve(request_charge(body, max_tokens))
                 if hold.wait_s > 0:
                     await self._hold(limiter, hold, record)
                 hold = limiter.sent(hold)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmchat.core.policy._batcher import MicroBatcher
 from llmchat.core.policy._cache import ReplyCache, replay_chunks
-from llmchat.core.policy._limiter import Hold, ProviderLimiter, RateLimits, estimate_tokens
+from llmchat.core.policy._limiter import Hold, ProviderLimiter, RateLimits, request_charge
 from llmchat.core.policy._retry import RetryEvent, call_with_retries
 
 __all__ = [
@@ -17,6 +17,6 @@ __all__ = [
     "ReplyCache",
     "RetryEvent",
     "call_with_retries",
-    "estimate_tokens",
     "replay_chunks",
+    "request_charge",
 ]

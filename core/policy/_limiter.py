@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from llmchat.core.observe import Headroom
 
-__all__ = ["Hold", "ProviderLimiter", "RateLimits", "estimate_tokens"]
+__all__ = ["Hold", "ProviderLimiter", "RateLimits", "request_charge"]
 
 #: Per minute: the unit of rate_limit_rpm / _tpm, and of a provider's limit when it says nothing of its reset.
 _MINUTE_S = 60.0
@@ -44,7 +44,7 @@ NEAR_S = 0.05
 _SENDS = 64
 
 
-def estimate_tokens(body: bytes | None, max_tokens: int | None) -> int:
+def request_charge(body: bytes | None, max_tokens: int | None) -> int:
     """What a request counts against a tokens-per-minute limit, as OpenAI estimates it before the reply: about
     four bytes of prompt per token, plus the ``max_tokens`` asked for."""
     prompt = 0 if not body else math.ceil(len(body) / 4)
