@@ -372,7 +372,7 @@ async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mo
     try:
         reply = await client.complete(messages, model=model, **params)
         if probe is not None:
-            probe.done(reply.content)
+            probe.done(reply.text)
         return reply.record
     except APIError as exc:
         if isinstance(exc.record, TimingRecord):
@@ -589,7 +589,7 @@ class LoadRun:
             history.append({"role": "assistant", "content": probe.text})
             replies.append(record.output_tokens if record.usage_from_server else None)
 
-    def _tokens(self, messages: list[dict[str, str]], replies: list[int | None], record: TimingRecord,
+    def _tokens(self, messages: list[dict[str, str]], replies: Sequence[int | None], record: TimingRecord,
                 probe: ReplyProbe, *, turn: int = 1) -> RequestTokens:
         tokens = RequestTokens(turn=turn, chunk_tokens=probe.chunk_tokens(record.content_chunks))
         if self.counter is not None:
