@@ -366,7 +366,7 @@ async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mo
                 pass
         except APIError:
             pass
-        if probe is not None:
+        if probe is not None and probe.keep_text:
             probe.done(stream.text)
         return stream.record
     try:

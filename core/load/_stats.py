@@ -443,7 +443,7 @@ class Tally:
         self.scheduled: dict[str, Distribution] | None = None
         """Open loop: "lag" of every request, "ttft" and "e2e" from the scheduled start of the successful."""
         self.trend = LagTrend()
-        self.tokens = TokenTally(lambda: Distribution(limit))
+        self.tokens = TokenTally(lambda: Distribution(limit), self.latency["itl"])
 
     def add(self, record: TimingRecord, attribution: Attribution | None = None, *,
             long: bool = False, due_ns: int | None = None, since_s: float = 0.0,
@@ -473,8 +473,9 @@ class Tally:
                         ("ttft", record.ttft_ms), ("tpot", record.tpot_ms), ("e2e", record.total_ms)):
             if v is not None:
                 latency[name].add(v)
-        latency["itl"].extend(record.itl_ms)
-        self.tokens.add(record, tokens)
+        gaps = record.itl_ms
+        self.tokens.add(record, tokens, gaps)  # before the gaps join ITL: it may copy ITL so far
+        latency["itl"].extend(gaps)
         if attribution is None:
             attribution = attribute(record)
         parts = self.parts
@@ -554,8 +555,7 @@ class Tally:
             approximate=tuple(m for m, d in self.latency.items() if not d.exact),
             approximate_parts=tuple(k for k in keys if not self.parts[k].exact),
             schedule=self.schedule_figures(),
-            tokens=self.tokens.figures({f"p{q}": self.latency["itl"].percentile(q) for q in QUANTILES}
-                                       | {"mean": self.latency["itl"].mean}),
+            tokens=self.tokens.figures(),
         )
 
 

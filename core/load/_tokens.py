@@ -21,6 +21,7 @@ chunk, and TTFT by turn of a multi-turn run.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -97,9 +98,12 @@ class ReplyProbe:
         return out if all(n >= 0 for n in out) else None
 
 
-def itl_per_token(record: TimingRecord, chunk_tokens: Sequence[int] | None) -> tuple[list[float], ItlSource]:
-    """The reply's inter-token latencies (ms) and where the tokens per chunk came from."""
-    gaps = record.itl_ms
+def itl_per_token(record: TimingRecord, chunk_tokens: Sequence[int] | None,
+                  gaps: Sequence[float] | None = None) -> tuple[Sequence[float], ItlSource]:
+    """The reply's inter-token latencies (ms) and where the tokens per chunk came from; ``gaps``: its
+    ``itl_ms`` when the caller has them already."""
+    if gaps is None:
+        gaps = record.itl_ms
     if chunk_tokens is not None and len(chunk_tokens) == len(gaps) + 1:
         values: list[float] = []
         for gap, n in zip(gaps, chunk_tokens[1:], strict=True):
@@ -107,6 +111,8 @@ def itl_per_token(record: TimingRecord, chunk_tokens: Sequence[int] | None) -> t
                 values.extend([gap / n] * n)
         return values, "chunk usage"
     per_chunk = record.output_tokens / record.content_chunks if record.content_chunks else 1.0
+    if per_chunk == 1.0:
+        return gaps, "token counts"  # one token a chunk: the gaps themselves
     if per_chunk <= 0:
         return [], "token counts"
     return [gap / per_chunk for gap in gaps], "token counts"
@@ -206,18 +212,21 @@ class TokenTally:
     """A configuration's token figures in the making, bounded as ``Tally`` is: ``new`` makes each store of
     values (a ``Distribution`` with the tally's limit)."""
 
-    def __init__(self, new: Callable[[], Values]) -> None:
+    def __init__(self, new: Callable[[], Values], itl: Values) -> None:
         self._new = new
         self.prompt = self._new()
         self.output = self._new()
-        self.itl_token = self._new()
+        self.itl = itl
+        """ITL per chunk (the Tally's): while every chunk held one token, it is ITL per token as well."""
+        self.itl_token: Values | None = None
+        """ITL per token once some chunk held more (or fewer): a copy of ``itl`` then, and apart from it."""
         self.prompt_by: Counter[str] = Counter()
         self.output_by: Counter[str] = Counter()
         self.sources: Counter[str] = Counter()
         self.turns: dict[int, Values] = {}
 
-    def add(self, record: TimingRecord, tokens: RequestTokens | None) -> None:
-        """Count one successful request."""
+    def add(self, record: TimingRecord, tokens: RequestTokens | None, gaps: Sequence[float]) -> None:
+        """Count one successful request; ``gaps``: its ``itl_ms``."""
         tokens = tokens or RequestTokens()
         self.output.add(record.output_tokens)
         self.output_by["server" if record.usage_from_server else "estimated"] += 1
@@ -225,9 +234,13 @@ class TokenTally:
             self.prompt.add(tokens.prompt_tokens)
             self.prompt_by[tokens.prompt_by] += 1
         if record.content_chunks > 1:
-            values, source = itl_per_token(record, tokens.chunk_tokens)
-            self.itl_token.extend(values)
+            values, source = itl_per_token(record, tokens.chunk_tokens, gaps)
             self.sources[source] += 1
+            if self.itl_token is None and values is not gaps:
+                # Kept apart only from here on, as two histograms of the same gaps would double their cost.
+                self.itl_token = copy.deepcopy(self.itl)
+            if self.itl_token is not None:
+                self.itl_token.extend(values)
         ttft = record.ttft_ms
         if ttft is not None:
             found = self.turns.get(tokens.turn)
@@ -236,9 +249,10 @@ class TokenTally:
             found.add(ttft)
 
     def nbytes(self) -> int:
-        return sum(d.nbytes() for d in [self.prompt, self.output, self.itl_token, *self.turns.values()])
+        kept = [self.prompt, self.output, *([self.itl_token] if self.itl_token else []), *self.turns.values()]
+        return sum(d.nbytes() for d in kept)
 
-    def figures(self, itl_per_chunk: dict[str, float | None]) -> TokenFigures:
+    def figures(self) -> TokenFigures:
         def qs(d: Values) -> dict[str, float | None]:
             return {"p50": d.percentile(50), "p90": d.percentile(90), "p99": d.percentile(99), "mean": d.mean,
                     "max": d.high if d.count else None}
@@ -248,7 +262,8 @@ class TokenTally:
 
         return TokenFigures(
             prompt=qs(self.prompt), prompt_by=by(self.prompt_by), output=qs(self.output),
-            output_by=by(self.output_by), itl_per_chunk=itl_per_chunk, itl_per_token=qs(self.itl_token),
+            output_by=by(self.output_by), itl_per_chunk={k: v for k, v in qs(self.itl).items() if k != "max"},
+            itl_per_token=qs(self.itl if self.itl_token is None else self.itl_token),
             itl_source=" + ".join(sorted(self.sources)) or None,
             ttft_by_turn={t: {"n": d.count, **{f"p{q}": d.percentile(q) for q in TURN_QUANTILES}}
                           for t, d in sorted(self.turns.items())},
