@@ -143,7 +143,7 @@ def test_itl_per_token_comes_from_usage_on_every_chunk(
     p = peer([P.SSE_HEAD, content("a", 1), P.Pause(0.06), content("bcd", 4), P.Pause(0.03),
               content("ef", 6, "stop"), P.event(P.usage_chunk(5, 6)), P.DONE, P.END], then="keep", chat_only=True)
     reqs, stats, out = run_json(capsys, tmp_path, "--base-url", p.base_url, "--model", "peer-model",
-                                "--users", "1", "--requests", "1", "--chunk-usage")
+                                "--users", "1", "--requests", "1", "--chunk-usage", "--prefix-share", "0.5")
     (r,) = reqs
     g1, g2 = r["itl_ms"]
     per_token = [g1 / 3] * 3 + [g2 / 2] * 2
@@ -153,6 +153,9 @@ def test_itl_per_token_comes_from_usage_on_every_chunk(
         assert itl["per_token"][f"p{q}"] == pytest.approx(percentile(per_token, q), abs=1e-3)
         assert itl["per_chunk"][f"p{q}"] == pytest.approx(percentile([g1, g2], q), abs=1e-3)
     assert "chunk usage" in out
+    # A server without /tokenize (the peer answers it 404): the prompt is estimated, and says so.
+    assert r["prompt_tokens_by"] == stats["tokens"]["prompt_tokens"]["counted_by"] == "estimated"
+    assert stats["tokens"]["output_tokens"]["counted_by"] == "server"  # its usage
     # --chunk-usage asks for it beside include_usage.
     body = json.loads(chat_body("m", [], {"stream_options": {"continuous_usage_stats": True}}, stream=True))
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
