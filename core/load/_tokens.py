@@ -174,7 +174,7 @@ class RequestTokens:
             "prompt_tokens_counted": self.prompt_tokens,
             "prompt_tokens_by": None if self.prompt_tokens is None else self.prompt_by,
             "output_tokens_by": "server" if record.usage_from_server else "estimated",
-            "itl_per_token_ms_p50": _r(percentile(per_token, 50)),
+            "itl_per_token_ms_p50": _r(percentile(list(per_token), 50)),
             "itl_per_token_source": source,
         }
 
