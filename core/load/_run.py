@@ -631,15 +631,15 @@ async def _count_prompts(load: LoadRun, cache_dir: str, pools: Pools) -> PromptC
     the run: every system prompt and human turn of the requests a ``requests`` budget sends (of the first
     MAX_COUNTED prompts without one)."""
     sc, plan = load.scenario, load.plan
-    texts: list[str] = []
+    texts: dict[str, None] = {}
     for s in range(sc.slices):
         n, _ = sc.slice_budget(s)
         for i in range(MAX_COUNTED if n is None else min(n, MAX_COUNTED)):
             conversation, _ = plan.conversation(s, i)
-            texts.append(conversation.system)
-            texts.extend(conversation.turns if sc.turns == "all" else conversation.turns[:1])
-            if len(texts) >= 2 * MAX_COUNTED:
-                break
+            texts.update(dict.fromkeys((conversation.system, *(
+                conversation.turns if sc.turns == "all" else conversation.turns[:1]))))
+        if len(texts) >= MAX_COUNTED:
+            break
     counter = PromptCounter()
     client = make_client("base", load.target, cache_dir, pools)
     try:
