@@ -44,6 +44,8 @@ RUN_BELOW = {
     'llmchat ask "hello" --base-url http://127.0.0.1:8000/v1 --json',
     "llmchat serve --profile chat --rtt-ms 50 --port 8000 &",
     "llmchat bench --base-url http://127.0.0.1:8000/v1 --compare h2,h1,nopool --users 10 --requests 100",
+    "llmchat bench --dataset conversations.json --turns all --prefix-share 0.25 --base-url "
+    "http://127.0.0.1:8000/v1 --users 4 --requests 20",
     "LLMCHAT_HTTP2=h2c llmchat locust --headless -u 50 -r 10 -t 1m --host http://127.0.0.1:8000/v1",
     "llmchat locust --master --host https://api.example/v1     # on the master",
     "llmchat locust --worker --master-host MASTER_IP           # on each worker",
@@ -348,6 +350,20 @@ def test_bench_row_json_and_plot(served: tuple[Background, str], tmp_path: Path)
     assert "TTFT" in done.stdout
     assert [line["type"] for line in lines] == ["bench", *["request"] * 4, "summary"]
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<")
+
+
+def test_bench_dataset_example(served: tuple[Background, str], tmp_path: Path) -> None:
+    # README's example file, as README shows it, and its command in the folder that holds it.
+    _, url = served
+    section = README[README.index("### Datasets, multi-turn runs"):]
+    (tmp_path / "conversations.json").write_text(re.findall(r"```json\n(.+?)\n```", section, re.S)[0])
+    env, argv = _as_run(readme_command("llmchat bench --dataset"), int(url.split(":")[2].split("/")[0]))
+    done = run([*argv, "--json", "run.jsonl", "--quiet"], env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "TTFT by turn" in done.stdout and "shared system-prompt prefix: 25%" in done.stdout
+    summary = json.loads((tmp_path / "run.jsonl").read_text().splitlines()[-1])
+    tokens = summary["configs"][0]["tokens"]
+    assert set(tokens["ttft_by_turn"]) == {"1", "2"} and tokens["prompt_tokens"]["counted_by"] == "server"
 
 
 def test_config_and_cache_rows() -> None:

@@ -48,6 +48,7 @@ SURFACE: dict[str, list[str]] = {
         "parse_server_metrics", "scrape_server_metrics", "summarize_snapshots",
         "endpoint_from_settings",
         "ContextBudget", "ContextFit", "ContextOverflowError", "estimate_tokens",
+        "MESSAGE_TOKENS", "REPLY_TOKENS",
     ],
     "llmchat.core.config": [
         "BatchSettings", "CacheSettings", "Http2Mode", "HttpSettings", "LogSettings", "ProviderSettings",
@@ -89,6 +90,7 @@ SURFACE: dict[str, list[str]] = {
         "SampleStats", "estimate", "measure_sample",
         "GROWTH_MS", "Level", "MAX_IN_FLIGHT", "MAX_LEVELS", "SLO_SHARE", "ScheduleFigures", "Sweep",
         "SweepResult", "run_sweep",
+        "Conversation", "Dataset", "RequestTokens", "TokenFigures", "load_dataset",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",

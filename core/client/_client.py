@@ -520,6 +520,10 @@ class ChatStream:
         self.on_reasoning: Callable[[str, int], object] | None = None
         """Called with each reasoning delta and its arrival (``perf_counter_ns``) as it comes, before the
         answer's deltas of the same chunk are yielded; set it before iterating (the app streams thinking)."""
+        self.on_usage: Callable[[dict[str, Any]], object] | None = None
+        """Called with each usage object the stream carries, as it comes (``record.content_chunks`` then
+        counts the content chunks so far): a server that sends usage on every chunk (vLLM's continuous usage
+        stats) says how many tokens each chunk held. Set it before iterating (``llmchat bench`` does)."""
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self._gen = self._run()
@@ -715,6 +719,8 @@ class ChatStream:
                     if delta.usage is not None:
                         self.usage = delta.usage
                         _apply_usage(record, delta.usage, fallback_tokens=record.content_chunks)
+                        if self.on_usage is not None:
+                            self.on_usage(delta.usage)
                     if delta.server_timing:
                         record.server_timing = delta.server_timing
                     if delta.timings:

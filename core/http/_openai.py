@@ -50,12 +50,14 @@ def _loads(data: str | bytes) -> tuple[Any, bool]:
 
 
 def chat_body(model: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], *, stream: bool) -> bytes:
-    """The JSON body of POST /chat/completions. In stream mode usage is asked for with stream_options."""
+    """The JSON body of POST /chat/completions. In stream mode usage is asked for with stream_options (and
+    whatever else ``params["stream_options"]`` asks, such as vLLM's ``continuous_usage_stats``)."""
     body: dict[str, Any] = {"model": model, "messages": list(messages)}
     body.update({k: v for k, v in params.items() if v is not None and k not in TRANSPORT_PARAMS})
     body["stream"] = stream
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        extra = params.get("stream_options")
+        body["stream_options"] = {"include_usage": True, **(extra if isinstance(extra, Mapping) else {})}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 

@@ -12,6 +12,7 @@ from llmchat.core.load._batch_api import (
     run_batch_api,
     state_path,
 )
+from llmchat.core.load._dataset import Conversation, Dataset, load_dataset
 from llmchat.core.load._estimate import (
     ASSUMED_OUTPUT,
     DEFAULT_WINDOW_S,
@@ -50,6 +51,7 @@ from llmchat.core.load._stats import (
     compare_rows,
 )
 from llmchat.core.load._sweep import MAX_LEVELS, SLO_SHARE, Level, Sweep, SweepResult, run_sweep
+from llmchat.core.load._tokens import RequestTokens, TokenFigures
 
 __all__ = [
     "BatchAPI",
@@ -60,6 +62,8 @@ __all__ = [
     "CLIENT_ERRORS",
     "CONFIGS",
     "ConfigStats",
+    "Conversation",
+    "Dataset",
     "DEFAULT_WINDOW_S",
     "Duration",
     "EXACT_LIMIT",
@@ -87,11 +91,14 @@ __all__ = [
     "Sweep",
     "SweepResult",
     "Target",
+    "TokenFigures",
+    "RequestTokens",
     "check_output",
     "batch_input",
     "compare_rows",
     "drop_failed",
     "estimate",
+    "load_dataset",
     "open_output",
     "measure_sample",
     "parse_configs",

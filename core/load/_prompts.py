@@ -4,13 +4,21 @@ Every prompt is a pure function of ``(seed, prompt id, long)``, so each configur
 repeat of a run sends the same bytes. Words come from a small vocabulary of short, common English words: one
 token each for llmchat's own server (a word of up to 8 letters is one token there) and, mostly, for the BPE
 tokenizers of hosted models, so a long prompt's size holds across servers.
+
+A plan may take its prompts from a dataset instead (``_dataset``: each prompt id names one of its
+conversations), and may put a shared system-prompt prefix before every prompt (``prefix_share``): the first
+``ceil(prefix_share x the prompt's words)`` words of one seeded text, the same start for every request, so a
+server that caches prefixes can reuse it (vLLM's automatic prefix caching, llama.cpp's cache_prompt).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 from dataclasses import dataclass
+
+from llmchat.core.load._dataset import Conversation, Dataset
 
 _WORDS = (
     "the a model answer token stream latency server client request network cache retry pool socket packet "
@@ -37,6 +45,10 @@ class PromptPlan:
     seed: int = 0
     long_ratio: float = 0.0
     distinct: int = 0
+    dataset: Dataset | None = None
+    """Take each prompt from this dataset's conversation for the prompt id (never long)."""
+    prefix_share: float = 0.0
+    """A shared system prompt of this share of each prompt's words (0: none)."""
 
     def pick(self, slice_no: int, index: int) -> tuple[int, bool]:
         """``(prompt id, long)`` for one request. Pure; never fails."""
@@ -49,8 +61,50 @@ class PromptPlan:
 
     def messages(self, slice_no: int, index: int) -> tuple[list[dict[str, str]], bool]:
         """The chat messages of one request and whether its prompt is a long one."""
+        if self.dataset is None and not self.prefix_share:
+            pid, long = self.pick(slice_no, index)
+            return [{"role": "user", "content": prompt_text(self.seed, pid, long=long)}], long
+        conversation, long = self.conversation(slice_no, index)
+        return opening(conversation), long
+
+    def conversation(self, slice_no: int, index: int) -> tuple[Conversation, bool]:
+        """The whole conversation of request ``index`` (one turn for a synthetic prompt), its system prompt
+        with the shared prefix in front, and whether its prompt is a long one."""
         pid, long = self.pick(slice_no, index)
-        return [{"role": "user", "content": prompt_text(self.seed, pid, long=long)}], long
+        if self.dataset is None:
+            found = Conversation("", (prompt_text(self.seed, pid, long=long),))
+        else:
+            found, long = self.dataset.pick(pid), False
+        if not self.prefix_share:
+            return found, long
+        prefix = shared_prefix(self.seed, math.ceil(self.prefix_share * len(found.turns[0].split())))
+        system = "\n\n".join(p for p in (prefix, found.system) if p)
+        return Conversation(system, found.turns), long
+
+
+def opening(conversation: Conversation) -> list[dict[str, str]]:
+    """The messages of a conversation's first request: its system prompt, if any, and its first human turn."""
+    head = [{"role": "system", "content": conversation.system}] if conversation.system else []
+    return [*head, {"role": "user", "content": conversation.turns[0]}]
+
+
+def shared_prefix(seed: int, words: int) -> str:
+    """The first ``words`` words of the run's one shared text (seeded): a shorter prefix is the start of every
+    longer one, so requests of different lengths still share their first tokens."""
+    if words <= 0:
+        return ""
+    return " ".join(_prefix_words(seed, 1 << max(10, (words - 1).bit_length()))[:words])
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix_words(seed: int, n: int) -> list[str]:
+    # Built in powers of two, so a run's prompts of many lengths share a few cached lists.
+    rng = random.Random(f"llmchat-prefix:{seed}")
+    out: list[str] = []
+    for i in range(n):
+        word = rng.choice(_WORDS)
+        out.append(word.capitalize() if i % _SENTENCE == 0 else word + ("." if i % _SENTENCE == _SENTENCE - 1 else ""))
+    return out
 
 
 @functools.lru_cache(maxsize=512)

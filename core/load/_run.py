@@ -22,6 +22,13 @@ of every configuration, in an order shuffled per round (seeded). Slice ``s`` sen
 open loop, the same arrival times under every configuration. One slice's requests all finish before the next
 slice starts, so configurations never overlap. The figures are in :mod:`llmchat.core.load._stats`.
 
+Prompts are synthetic (``_prompts``) or a dataset's (``--dataset``, ``_dataset``): its first human turns, or
+with ``turns="all"`` each conversation's human turns in order, each request carrying the history so far with
+this run's own replies as the assistant turns (one conversation is one unit of the loop: a closed-loop user
+sends its turns back to back, an open-loop arrival starts one; ``requests`` still counts requests, and a turn
+starts only within the budget). Dataset and shared-prefix runs count their prompts with the server's
+tokenizer first (``_tokens``), on a client of their own.
+
 When the provider names a ``metrics_url``, a ``ServerMetricsPoller`` scrapes it every ``metrics_interval_s``
 for the whole run (its own connection, never a configuration's pool): each request carries the latest
 snapshot, and ``server_snapshots`` keeps them per configuration (the one whose slice was running).
@@ -45,13 +52,16 @@ from llmchat.core.config import Http2Mode, Settings
 from llmchat.core.errors import APIError, LLMChatError, UsageError
 from llmchat.core.errors import TimeoutError as APITimeoutError
 from llmchat.core.http import Pools, Transport, WireResponse
+from llmchat.core.load._dataset import Dataset, load_dataset
 from llmchat.core.load._prompts import PromptPlan
 from llmchat.core.load._schedule import from_schedule, schedule_lag_ms
 from llmchat.core.load._stats import SLO, Tally
+from llmchat.core.load._tokens import MAX_COUNTED, PromptCounter, ReplyProbe, RequestTokens
 from llmchat.core.observe import Attribution, Bus, ColdStartDetector, Phases, TimingRecord, attribute
 from llmchat.core.policy import RateLimits
 
 Mode = Literal["stream", "batch"]
+Turns = Literal["first", "all"]
 
 #: The configurations ``--compare`` knows; join several with "+" (``h1+noretry``).
 CONFIGS: dict[str, str] = {
@@ -86,6 +96,14 @@ class Scenario:
     model: str | None = None
     slices: int = 1
     max_in_flight: int = MAX_IN_FLIGHT
+    dataset: str | None = None
+    """A ShareGPT JSON or JSONL file of prompts (``_dataset``); None: synthetic prompts."""
+    turns: Turns = "first"
+    """A dataset's first human turn of each conversation, or all of them with their history."""
+    prefix_share: float = 0.0
+    """A shared system-prompt prefix of this share of each prompt's words (``_prompts``)."""
+    chunk_usage: bool = False
+    """Ask for usage on every chunk (vLLM's ``continuous_usage_stats``), for ITL per token."""
 
     @property
     def open_loop(self) -> bool:
@@ -125,12 +143,35 @@ class Scenario:
         if self.requests is not None and self.requests < self.slices:
             raise UsageError(f"--requests {self.requests} is fewer than --slices {self.slices}; "
                              "send at least one request per slice")
+        if self.turns not in ("first", "all"):
+            raise UsageError(f"--turns must be first or all, got {self.turns!r}")
+        if self.turns == "all" and self.dataset is None:
+            raise UsageError("--turns all replays a dataset's conversations; give --dataset FILE (synthetic "
+                             "prompts have one turn)")
+        if not 0.0 <= self.prefix_share <= 1.0:
+            raise UsageError(f"--prefix-share must be between 0 and 1, got {self.prefix_share:g}")
+        if self.dataset is not None and self.long_ratio:
+            raise UsageError("--long-ratio shapes synthetic prompts; drop it with --dataset (the file's prompts "
+                             "are sent as they are)")
+        if self.dataset is not None:
+            self.load_dataset()
+
+    def load_dataset(self) -> Dataset | None:
+        """The dataset ``dataset`` names (read once per file), or None; UsageError for a bad file."""
+        return None if self.dataset is None else load_dataset(self.dataset)
+
+    def plan(self) -> PromptPlan:
+        """The prompts of every request."""
+        return PromptPlan(self.seed, self.long_ratio, self.distinct_prompts, dataset=self.load_dataset(),
+                          prefix_share=self.prefix_share)
 
     def params(self) -> dict[str, Any]:
         """The generation parameters every request sends."""
         p: dict[str, Any] = {"max_tokens": self.max_tokens}
         if self.temperature is not None:
             p["temperature"] = self.temperature
+        if self.chunk_usage and self.mode == "stream":
+            p["stream_options"] = {"continuous_usage_stats": True}
         return p
 
     def slice_budget(self, slice_no: int) -> tuple[int | None, float | None]:
@@ -208,6 +249,8 @@ class Sample:
     attribution: Attribution | None = None
     due_ns: int | None = None
     """Open loop: the scheduled start (perf_counter_ns); its JSON then has the latencies counted from it."""
+    tokens: RequestTokens | None = None
+    """Its turn, counted prompt length and per-chunk tokens (``_tokens``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record's summary (no text, no secrets), the chunk gaps, the request's place in the run, and
@@ -229,6 +272,7 @@ class Sample:
             data["scheduled_e2e_ms"] = None if e2e is None else round(e2e, 3)
         if self.attribution is not None:
             data["attribution"] = self.attribution.to_dict()
+        data.update((self.tokens or RequestTokens()).to_json(self.record))
         return data
 
 
@@ -309,19 +353,27 @@ def bench_pools() -> Pools:
 
 
 async def request_once(client: ChatClient, messages: list[dict[str, str]], *, mode: Mode, model: str,
-                       params: dict[str, Any]) -> TimingRecord:
+                       params: dict[str, Any], probe: ReplyProbe | None = None) -> TimingRecord:
     """Send one request, read the whole reply, and return its record; an APIError ends up in the record
-    (``error``, ``error_kind``), anything else (a ConfigError, say) raises."""
+    (``error``, ``error_kind``), anything else (a ConfigError, say) raises. ``probe`` gets the reply's text
+    and per-chunk usage."""
     if mode == "stream":
         stream = client.stream(messages, model=model, **params)
+        if probe is not None:
+            probe.watch(stream)
         try:
             async for _ in stream:
                 pass
         except APIError:
             pass
+        if probe is not None and probe.keep_text:
+            probe.done(stream.text)
         return stream.record
     try:
-        return (await client.complete(messages, model=model, **params)).record
+        reply = await client.complete(messages, model=model, **params)
+        if probe is not None:
+            probe.done(reply.text)
+        return reply.record
     except APIError as exc:
         if isinstance(exc.record, TimingRecord):
             return exc.record
@@ -360,7 +412,12 @@ class LoadRun:
         self.on_sample = on_sample
         self.on_slice = on_slice
         self.on_start = on_start
-        self.plan = PromptPlan(scenario.seed, scenario.long_ratio, scenario.distinct_prompts)
+        self.plan = scenario.plan()
+        self.counter: PromptCounter | None = None
+        """The prompts' token counts (dataset and shared-prefix runs), made before the first slice."""
+        self._budget: int | None = None
+        """Multi-turn: the running slice's requests not yet started (None: no count)."""
+        self._deadline: int | None = None
         self.tallies: dict[str, Tally] = {c: Tally(c, slo=slo) for c in self.configs}
         self.done = 0
         """Requests finished, every configuration."""
@@ -399,6 +456,8 @@ class LoadRun:
             self.base_url = first.endpoint.base_url
             self.model = self.model or first.model or await _first_model(self.target, f"{cache_root}/models",
                                                                          pools)
+            if self.plan.dataset is not None or self.plan.prefix_share:
+                self.counter = await _count_prompts(self, f"{cache_root}/tokenize", pools)
             poller = self._poller(first, list(clients.values()))
             if self.on_start is not None:
                 self.on_start(self)
@@ -433,6 +492,7 @@ class LoadRun:
         n, seconds = self.scenario.slice_budget(slice_no)
         start = time.perf_counter_ns()
         deadline = None if seconds is None else start + int(seconds * 1e9)
+        self._budget, self._deadline = n, deadline
         try:
             if self.scenario.open_loop:
                 await self._open(client, name, slice_no, n, start, deadline)
@@ -478,6 +538,8 @@ class LoadRun:
                 wait_ns = due - time.perf_counter_ns()
                 if wait_ns > 0:
                     await asyncio.sleep(wait_ns / 1e9)
+                if self._budget == 0 and sc.turns == "all":
+                    break  # the conversations so far used up the requests: no arrival would send one
                 if room.locked():
                     self.cap_hits += 1
                 await room.acquire()
@@ -493,12 +555,52 @@ class LoadRun:
 
     async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
                     start: int = 0) -> None:
+        if self.scenario.turns == "all":
+            await self._conversation(client, name, slice_no, index, due, start)
+            return
         messages, long = self.plan.messages(slice_no, index)
+        probe = ReplyProbe()
         record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
-                                    params=self.scenario.params())
+                                    params=self.scenario.params(), probe=probe)
+        self._done(name, slice_no, index, long, record, due, start, self._tokens(messages, (), record, probe))
+
+    async def _conversation(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
+                            start: int) -> None:
+        """Every human turn of one conversation in order, each carrying the history with this run's replies;
+        a failed turn ends it (there is no reply to carry). Only the first turn has a scheduled start."""
+        conversation, long = self.plan.conversation(slice_no, index)
+        history = [{"role": "system", "content": conversation.system}] if conversation.system else []
+        replies: list[int | None] = []
+        for turn, text in enumerate(conversation.turns, 1):
+            if self._budget is not None:
+                if self._budget <= 0:
+                    return
+                self._budget -= 1
+            if turn > 1 and self._deadline is not None and time.perf_counter_ns() >= self._deadline:
+                return
+            history.append({"role": "user", "content": text})
+            probe = ReplyProbe(keep_text=True)
+            record = await request_once(client, list(history), mode=self.scenario.mode, model=self.model,
+                                        params=self.scenario.params(), probe=probe)
+            tokens = self._tokens(history, replies, record, probe, turn=turn)
+            self._done(name, slice_no, index, long, record, due if turn == 1 else None, start, tokens)
+            if record.error_kind is not None:
+                return
+            history.append({"role": "assistant", "content": probe.text})
+            replies.append(record.output_tokens if record.usage_from_server else None)
+
+    def _tokens(self, messages: list[dict[str, str]], replies: Sequence[int | None], record: TimingRecord,
+                probe: ReplyProbe, *, turn: int = 1) -> RequestTokens:
+        tokens = RequestTokens(turn=turn, chunk_tokens=probe.chunk_tokens(record.content_chunks))
+        if self.counter is not None:
+            tokens.prompt_tokens, tokens.prompt_by = self.counter.count(messages, replies)
+        return tokens
+
+    def _done(self, name: str, slice_no: int, index: int, long: bool, record: TimingRecord, due: int | None,
+              start: int, tokens: RequestTokens) -> None:
         attribution = attribute(record, detector=self.detector)
         since_s = 0.0 if due is None else (due - start) / 1e9
-        self.tallies[name].add(record, attribution, long=long, due_ns=due, since_s=since_s)
+        self.tallies[name].add(record, attribution, long=long, due_ns=due, since_s=since_s, tokens=tokens)
         self.done += 1
         if record.error_kind is not None:
             self.failed += 1
@@ -506,7 +608,7 @@ class LoadRun:
                 self.first_error = record.error or record.error_kind
         if self.on_sample is not None:
             lag_ms = 0.0 if due is None else schedule_lag_ms(record, due)
-            self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution, due))
+            self.on_sample(Sample(name, slice_no, index, long, record, lag_ms, attribution, due, tokens))
 
 
 async def _first_model(target: Target, cache_dir: str, pools: Pools) -> str:
@@ -522,6 +624,30 @@ async def _first_model(target: Target, cache_dir: str, pools: Pools) -> str:
     if not offered:
         raise UsageError(f"no model given and {client.endpoint.hostport} lists none; pass --model")
     return offered[0]
+
+
+async def _count_prompts(load: LoadRun, cache_dir: str, pools: Pools) -> PromptCounter:
+    """The prompts' token counts with the server's tokenizer, asked on a client (and pool) of its own before
+    the run: every system prompt and human turn of the requests a ``requests`` budget sends (of the first
+    MAX_COUNTED prompts without one)."""
+    sc, plan = load.scenario, load.plan
+    texts: dict[str, None] = {}
+    for s in range(sc.slices):
+        n, _ = sc.slice_budget(s)
+        for i in range(MAX_COUNTED if n is None else min(n, MAX_COUNTED)):
+            conversation, _ = plan.conversation(s, i)
+            texts.update(dict.fromkeys((conversation.system, *(
+                conversation.turns if sc.turns == "all" else conversation.turns[:1]))))
+        if len(texts) >= MAX_COUNTED:
+            break
+    counter = PromptCounter()
+    client = make_client("base", load.target, cache_dir, pools)
+    try:
+        await counter.prime(client, texts, load.model)
+    finally:
+        await client.aclose()
+        await pools.release(client.transport)
+    return counter
 
 
 def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:

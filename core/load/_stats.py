@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmchat.core.load._schedule import LagTrend, ScheduleFigures, from_schedule, schedule_lag_ms
+from llmchat.core.load._tokens import RequestTokens, TokenFigures, TokenTally
 from llmchat.core.observe import GROUPS, PARTS, Attribution, TimingRecord, attribute, percentile
 
 QUANTILES = (50, 90, 99)
@@ -301,6 +302,8 @@ class ConfigStats:
     """Attribution parts whose percentiles came from the histogram."""
     schedule: ScheduleFigures | None = None
     """Open loop: lag and latencies from each request's scheduled start (``_schedule``); None in a closed one."""
+    tokens: TokenFigures | None = None
+    """Prompt and output lengths, ITL per token, TTFT by turn (``_tokens``)."""
 
     @property
     def failed(self) -> int:
@@ -404,6 +407,7 @@ class ConfigStats:
                             for k, row in self.attribution.items()},
             "attribution_shares": {g: round(v, 4) for g, v in self.attribution_shares.items()},
             "schedule": None if self.schedule is None else self.schedule.to_json(),
+            "tokens": None if self.tokens is None else self.tokens.to_json(),
         }
 
 
@@ -439,11 +443,14 @@ class Tally:
         self.scheduled: dict[str, Distribution] | None = None
         """Open loop: "lag" of every request, "ttft" and "e2e" from the scheduled start of the successful."""
         self.trend = LagTrend()
+        self.tokens = TokenTally(lambda: Distribution(limit), self.latency["itl"])
 
     def add(self, record: TimingRecord, attribution: Attribution | None = None, *,
-            long: bool = False, due_ns: int | None = None, since_s: float = 0.0) -> None:
+            long: bool = False, due_ns: int | None = None, since_s: float = 0.0,
+            tokens: RequestTokens | None = None) -> None:
         """Count one finished request; ``attribution`` is ``attribute(record)`` (made here when not given).
-        ``due_ns``: an open loop's scheduled start, ``since_s`` seconds after its slice began."""
+        ``due_ns``: an open loop's scheduled start, ``since_s`` seconds after its slice began; ``tokens``: its
+        turn, counted prompt and per-chunk tokens (``_tokens``)."""
         self.requests += 1
         if due_ns is not None:
             self._schedule(record, due_ns, since_s)
@@ -466,7 +473,9 @@ class Tally:
                         ("ttft", record.ttft_ms), ("tpot", record.tpot_ms), ("e2e", record.total_ms)):
             if v is not None:
                 latency[name].add(v)
-        latency["itl"].extend(record.itl_ms)
+        gaps = record.itl_ms
+        self.tokens.add(record, tokens, gaps)  # before the gaps join ITL: it may copy ITL so far
+        latency["itl"].extend(gaps)
         if attribution is None:
             attribution = attribute(record)
         parts = self.parts
@@ -509,7 +518,7 @@ class Tally:
     def nbytes(self) -> int:
         """The bytes the kept values take (every Distribution's arrays): bounded by ``limit`` per metric."""
         return sum(d.nbytes() for d in [*self.latency.values(), *self.parts.values(),
-                                        *(self.scheduled or {}).values()])
+                                        *(self.scheduled or {}).values()]) + self.tokens.nbytes()
 
     def stats(self, wall_ns: int) -> ConfigStats:
         """Every figure so far, over ``wall_ns`` of wall time."""
@@ -546,6 +555,7 @@ class Tally:
             approximate=tuple(m for m, d in self.latency.items() if not d.exact),
             approximate_parts=tuple(k for k in keys if not self.parts[k].exact),
             schedule=self.schedule_figures(),
+            tokens=self.tokens.figures(),
         )
 
 

@@ -47,6 +47,7 @@ from llmchat.core.load import (
 )
 from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
 from llmchat.core.policy import RateLimits
+from llmchat.tui.commands import _bench_dataset as dataset_report
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _bench_sweep as sweep_report
 from llmchat.tui.commands import _options
@@ -87,6 +88,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       help="share of prompts over 1,000 tokens (default 0)")
     a("--prompts", type=int, default=0, metavar="N",
       help="draw prompts from N distinct ones, so some repeat (default: a new one per request)")
+    a("--dataset", metavar="FILE", help="send the prompts of FILE: ShareGPT JSON (a list of {\"conversations\": "
+      "[{\"from\": \"human\", \"value\": ...}]} or {\"messages\": [...]}) or JSON Lines (a string, "
+      "{\"prompt\": ...} or {\"messages\": [...]} a line)")
+    a("--turns", choices=("first", "all"), default="first", help="with --dataset: each conversation's first "
+      "human turn (default), or all of them in order with this run's replies as history (TTFT by turn)")
+    a("--prefix-share", type=_options.number(0, 1), default=0.0, metavar="P",
+      help="put a shared system-prompt prefix of P x each prompt's words before every prompt (0 to 1)")
+    a("--chunk-usage", action="store_true", help="ask for usage on every chunk (vLLM's continuous_usage_stats) "
+      "so ITL per token uses the server's tokens per chunk; off by default, as strict servers refuse it")
     a("--temperature", type=_options.number(0, 2), help="sent with every request, 0 to 2 (0 makes batch replies "
       "cacheable)")
     a("--seed", type=int, default=0, help="seed of the prompts, the arrivals and the slice order (default 0)")
@@ -131,6 +141,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         distinct_prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
         seed=args.seed, model=args.model, slices=slices,
         max_in_flight=MAX_IN_FLIGHT if args.max_in_flight is None else args.max_in_flight,
+        dataset=args.dataset, turns=args.turns, prefix_share=args.prefix_share, chunk_usage=args.chunk_usage,
     )
     if args.rate is not None and not args.rate > 0:
         raise UsageError(f"--rate must be a positive number of requests per second, got {args.rate:g}")
@@ -271,8 +282,15 @@ def run(args: argparse.Namespace) -> int:
     if sweep is not None:
         return _report_sweep(args, result, interrupted)
     print(header(load, scenario, interrupted))
+    prompts = dataset_report.prompts_line(scenario)
+    if prompts:
+        print(prompts)
     print()
     print(report.figures_table(stats, mode=scenario.mode))
+    for table in (dataset_report.tokens_table(stats, mode=scenario.mode), dataset_report.turns_table(stats)):
+        if table:
+            print()
+            print(table)
     where = report.attribution_table(stats)
     if where:
         print()
