@@ -50,6 +50,15 @@ from llmchat.core.load._stats import (
     compare_rows,
 )
 from llmchat.core.load._sweep import MAX_LEVELS, SLO_SHARE, Level, Sweep, SweepResult, run_sweep
+from llmchat.core.load._workers import (
+    RATE_PER_WORKER,
+    WorkerError,
+    WorkerRun,
+    choose_workers,
+    default_workers,
+    make_run,
+    workers_runner,
+)
 
 __all__ = [
     "BatchAPI",
@@ -87,6 +96,13 @@ __all__ = [
     "Sweep",
     "SweepResult",
     "Target",
+    "RATE_PER_WORKER",
+    "WorkerError",
+    "WorkerRun",
+    "choose_workers",
+    "default_workers",
+    "make_run",
+    "workers_runner",
     "check_output",
     "batch_input",
     "compare_rows",

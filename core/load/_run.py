@@ -464,8 +464,7 @@ class LoadRun:
     async def _open(self, client: ChatClient, name: str, slice_no: int, n: int | None, start: int,
                     deadline: int | None) -> None:
         sc = self.scenario
-        # The same arrival times under every configuration: the stream of gaps depends on the slice only.
-        rng = random.Random(f"llmchat-bench-arrivals:{sc.seed}:{slice_no}")
+        rng = self._arrivals(slice_no)
         room = asyncio.Semaphore(sc.max_in_flight)
         due = start
         index = 0
@@ -491,11 +490,25 @@ class LoadRun:
         finally:
             room.release()
 
+    def _arrivals(self, slice_no: int) -> random.Random:
+        # The same arrival times under every configuration: the stream of gaps depends on the slice only.
+        return random.Random(f"llmchat-bench-arrivals:{self.scenario.seed}:{slice_no}")
+
     async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
                     start: int = 0) -> None:
+        record, long = await self._request(client, slice_no, index)
+        self._count(name, slice_no, index, long, record, due, start)
+
+    async def _request(self, client: ChatClient, slice_no: int, index: int) -> tuple[TimingRecord, bool]:
+        """Send request ``index`` of slice ``slice_no``: its record, and whether its prompt was a long one."""
         messages, long = self.plan.messages(slice_no, index)
         record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
                                     params=self.scenario.params())
+        return record, long
+
+    def _count(self, name: str, slice_no: int, index: int, long: bool, record: TimingRecord, due: int | None,
+               start: int) -> None:
+        """Tally one finished request (its attribution made here, fed to the detector) and hand it on."""
         attribution = attribute(record, detector=self.detector)
         since_s = 0.0 if due is None else (due - start) / 1e9
         self.tallies[name].add(record, attribution, long=long, due_ns=due, since_s=since_s)
