@@ -89,6 +89,8 @@ SURFACE: dict[str, list[str]] = {
         "SampleStats", "estimate", "measure_sample",
         "GROWTH_MS", "Level", "MAX_IN_FLIGHT", "MAX_LEVELS", "SLO_SHARE", "ScheduleFigures", "Sweep",
         "SweepResult", "run_sweep",
+        "RATE_PER_WORKER", "WorkerError", "WorkerRun", "available_cores", "choose_workers", "default_workers",
+        "make_run", "workers_runner",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",

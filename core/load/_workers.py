@@ -27,7 +27,8 @@ exit code. A worker whose parent died sees its pipe close and stops.
 The default count (``default_workers``): the machine's cores, capped by the load: never more workers than
 users, and in an open loop one per started ``RATE_PER_WORKER`` requests/s (a slower rate never needs a second
 process); a run of fewer than ``MIN_REQUESTS`` requests a worker, or shorter than ``MIN_DURATION_S``, stays in
-one process (starting a worker costs about half a second). One worker is ``LoadRun`` itself, nothing more.
+one process (starting a worker, a fresh interpreter, takes a second or so). One worker is ``LoadRun`` itself,
+nothing more.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class WorkerError(LLMChatError):
     """A worker process failed or died: one line naming it and why."""
 
 
-def cores() -> int:
+def available_cores() -> int:
     """The cores this process may run on (``os.process_cpu_count`` where Python has it)."""
     count = getattr(os, "process_cpu_count", None)
     if count is not None:
@@ -89,8 +90,8 @@ def _load_cap(scenario: Scenario) -> int:
 
 
 def default_workers(scenario: Scenario, *, available: int | None = None) -> int:
-    """The cores (``available``, else ``cores()``), capped by the load as the module docstring says."""
-    n = min(available or cores(), _load_cap(scenario))
+    """The cores (``available``, else ``available_cores()``), capped by the load as the module docstring says."""
+    n = min(available or available_cores(), _load_cap(scenario))
     if scenario.open_loop:
         n = min(n, math.ceil(scenario.rate / RATE_PER_WORKER))
     if scenario.requests is not None:
