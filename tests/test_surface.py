@@ -91,6 +91,8 @@ SURFACE: dict[str, list[str]] = {
         "GROWTH_MS", "Level", "MAX_IN_FLIGHT", "MAX_LEVELS", "SLO_SHARE", "ScheduleFigures", "Sweep",
         "SweepResult", "run_sweep",
         "Conversation", "Dataset", "RequestTokens", "TokenFigures", "load_dataset",
+        "RATE_PER_WORKER", "WorkerError", "WorkerRun", "available_cores", "choose_workers", "default_workers",
+        "make_run", "workers_runner",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",

@@ -52,6 +52,16 @@ from llmchat.core.load._stats import (
 )
 from llmchat.core.load._sweep import MAX_LEVELS, SLO_SHARE, Level, Sweep, SweepResult, run_sweep
 from llmchat.core.load._tokens import RequestTokens, TokenFigures
+from llmchat.core.load._workers import (
+    RATE_PER_WORKER,
+    WorkerError,
+    WorkerRun,
+    available_cores,
+    choose_workers,
+    default_workers,
+    make_run,
+    workers_runner,
+)
 
 __all__ = [
     "BatchAPI",
@@ -93,6 +103,14 @@ __all__ = [
     "Target",
     "TokenFigures",
     "RequestTokens",
+    "RATE_PER_WORKER",
+    "WorkerError",
+    "WorkerRun",
+    "available_cores",
+    "choose_workers",
+    "default_workers",
+    "make_run",
+    "workers_runner",
     "check_output",
     "batch_input",
     "compare_rows",

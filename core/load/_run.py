@@ -524,8 +524,7 @@ class LoadRun:
     async def _open(self, client: ChatClient, name: str, slice_no: int, n: int | None, start: int,
                     deadline: int | None) -> None:
         sc = self.scenario
-        # The same arrival times under every configuration: the stream of gaps depends on the slice only.
-        rng = random.Random(f"llmchat-bench-arrivals:{sc.seed}:{slice_no}")
+        rng = self._arrivals(slice_no)
         room = asyncio.Semaphore(sc.max_in_flight)
         due = start
         index = 0
@@ -553,16 +552,27 @@ class LoadRun:
         finally:
             room.release()
 
+    def _arrivals(self, slice_no: int) -> random.Random:
+        # The same arrival times under every configuration: the stream of gaps depends on the slice only.
+        return random.Random(f"llmchat-bench-arrivals:{self.scenario.seed}:{slice_no}")
+
     async def _send(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
                     start: int = 0) -> None:
         if self.scenario.turns == "all":
             await self._conversation(client, name, slice_no, index, due, start)
             return
+        record, long, tokens = await self._request(client, slice_no, index)
+        self._count(name, slice_no, index, long, record, due, start, tokens)
+
+    async def _request(self, client: ChatClient, slice_no: int, index: int
+                       ) -> tuple[TimingRecord, bool, RequestTokens]:
+        """Send request ``index`` of slice ``slice_no``: its record, whether its prompt was a long one, and its
+        token counts."""
         messages, long = self.plan.messages(slice_no, index)
         probe = ReplyProbe()
         record = await request_once(client, messages, mode=self.scenario.mode, model=self.model,
                                     params=self.scenario.params(), probe=probe)
-        self._done(name, slice_no, index, long, record, due, start, self._tokens(messages, (), record, probe))
+        return record, long, self._tokens(messages, (), record, probe)
 
     async def _conversation(self, client: ChatClient, name: str, slice_no: int, index: int, due: int | None,
                             start: int) -> None:
@@ -583,7 +593,7 @@ class LoadRun:
             record = await request_once(client, list(history), mode=self.scenario.mode, model=self.model,
                                         params=self.scenario.params(), probe=probe)
             tokens = self._tokens(history, replies, record, probe, turn=turn)
-            self._done(name, slice_no, index, long, record, due if turn == 1 else None, start, tokens)
+            self._count(name, slice_no, index, long, record, due if turn == 1 else None, start, tokens)
             if record.error_kind is not None:
                 return
             history.append({"role": "assistant", "content": probe.text})
@@ -596,8 +606,9 @@ class LoadRun:
             tokens.prompt_tokens, tokens.prompt_by = self.counter.count(messages, replies)
         return tokens
 
-    def _done(self, name: str, slice_no: int, index: int, long: bool, record: TimingRecord, due: int | None,
-              start: int, tokens: RequestTokens) -> None:
+    def _count(self, name: str, slice_no: int, index: int, long: bool, record: TimingRecord, due: int | None,
+               start: int, tokens: RequestTokens | None = None) -> None:
+        """Tally one finished request (its attribution made here, fed to the detector) and hand it on."""
         attribution = attribute(record, detector=self.detector)
         since_s = 0.0 if due is None else (due - start) / 1e9
         self.tallies[name].add(record, attribution, long=long, due_ns=due, since_s=since_s, tokens=tokens)

@@ -247,11 +247,13 @@ async def run_sweep(
     on_sample: Callable[[Sample], object] | None = None,
     on_level: Callable[[float, LoadRun], object] | None = None,
     levels: list[Level] | None = None,
+    runner: Callable[..., LoadRun] = LoadRun,
 ) -> SweepResult:
     """Run ``base`` at each level of ``sweep`` in turn (one configuration, "base"), stopping an automatic sweep
     as ``should_stop`` says. ``on_level(level, run)`` as each level's run starts (clients built);
     ``on_sample`` gets each request with its ``config`` set to the level's label. Finished levels go into
-    ``levels`` as they end (pass a list to keep them after a cancel). Raises as ``LoadRun.run`` does."""
+    ``levels`` as they end (pass a list to keep them after a cancel). ``runner`` makes each level's run, as
+``LoadRun`` takes its arguments (``_workers.workers_runner``: across processes). Raises as ``LoadRun.run`` does."""
     done = levels if levels is not None else []
     result = SweepResult(sweep, base.mode, done)
     for i in range(sweep.count):
@@ -267,8 +269,8 @@ async def run_sweep(
             if on_level is not None:
                 on_level(level, run)
 
-        load = LoadRun(sweep.scenario(base, level), ["base"], target, slo=slo, detector=detector,
-                       on_sample=tagged, on_start=started)
+        load = runner(sweep.scenario(base, level), ["base"], target, slo=slo, detector=detector,
+                      on_sample=tagged, on_start=started)
         await load.run()
         stats = dataclasses.replace(load.tallies["base"].stats(load.walls_ns["base"]), name=label)
         done.append(Level(level, stats, waiting_max(load.server_snapshots["base"])))

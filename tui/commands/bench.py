@@ -41,9 +41,12 @@ from llmchat.core.load import (
     Sweep,
     SweepResult,
     Target,
+    choose_workers,
     compare_rows,
+    make_run,
     parse_configs,
     run_sweep,
+    workers_runner,
 )
 from llmchat.core.observe import RequestLog, attach_observers, percentile, start_exporter
 from llmchat.core.policy import RateLimits
@@ -123,6 +126,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
       help="hold requests back in the client before the provider's rate limit (providers.NAME.rate_limit_rpm, "
       "_tpm, and the x-ratelimit-* headers), as llmchat batch and the app do; off by default, since a load "
       "test may want to hit the limit")
+    a("--workers", type=int, metavar="N",
+      help="split the load over N processes, each with its own pool, merging every request into one result "
+      "(default: the cores, capped by the load; 1 is one process)")
     a("--quiet", action="store_true", help="no progress line")
     _options.add(p, "endpoint", "metrics", help={"--metrics-port": "serve the run's Prometheus metrics at "
                  "http://127.0.0.1:PORT/metrics while it runs; 0 takes a free port (needs the metrics extra)"})
@@ -215,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
     configs = parse_configs(args.compare) if args.compare else ["base"]
     sweep = sweep_from_args(args)
+    workers = 1 if sweep else choose_workers(scenario, args.workers, rate_limited=args.rate_limit_client)
+    if sweep and args.workers is not None:  # refused once, not at a level
+        choose_workers(scenario, args.workers, fit=True, rate_limited=args.rate_limit_client)
     settings = load_settings(args.config)
     progress = Progress(scenario, configs, enabled=not args.quiet and sys.stderr.isatty(),
                         levels=0 if sweep is None else sweep.count)
@@ -261,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
 
             try:
                 result = asyncio.run(_drive(run_sweep(scenario, sweep, target, slo=slo, detector=detector,
-                                                      on_sample=on_sample, on_level=on_level, levels=levels),
+                                                      on_sample=on_sample, on_level=on_level, levels=levels,
+                                                      runner=workers_runner(args.workers)),
                                             progress))
             except KeyboardInterrupt:
                 interrupted = True
@@ -269,8 +279,9 @@ def run(args: argparse.Namespace) -> int:
             if results is not None:
                 results.finish_sweep(result, interrupted)
         else:
-            load = LoadRun(scenario, configs, target, slo=slo, detector=detector, on_sample=on_sample,
-                           on_slice=progress.slice, on_start=None if results is None else results.start)
+            load = make_run(scenario, configs, target, workers=workers, slo=slo, detector=detector,
+                            on_sample=on_sample, on_slice=progress.slice,
+                            on_start=None if results is None else results.start)
             try:
                 asyncio.run(_drive(load.run(), progress))
             except KeyboardInterrupt:
@@ -385,6 +396,9 @@ def header(load: LoadRun, scenario: Scenario, interrupted: bool) -> str:
         why = ("--max-connections" if load.target.max_connections is not None
                else "the in-flight cap" if scenario.open_loop else "one per user")
         line2 += f"  pool: {'/'.join(map(str, pools))} connections ({why})"
+    workers = getattr(load, "workers", 1)
+    if workers > 1:
+        line2 += f"  workers: {workers} processes"
     if interrupted:
         line2 += "  (interrupted: partial figures)"
     return line1 + "\n" + line2
@@ -435,6 +449,7 @@ class ResultFile:
             "scenario": load.scenario.to_json(),
             "target": {"base_url": mask_url(load.base_url), "model": load.model},
             "pools": dict(load.pool_sizes),
+            "workers": getattr(load, "workers", 1),
         })
 
     def request(self, sample: Sample) -> None:
