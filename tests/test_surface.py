@@ -89,6 +89,7 @@ SURFACE: dict[str, list[str]] = {
         "SampleStats", "estimate", "measure_sample",
         "GROWTH_MS", "Level", "MAX_IN_FLIGHT", "MAX_LEVELS", "SLO_SHARE", "ScheduleFigures", "Sweep",
         "SweepResult", "run_sweep",
+        "RECORD_FIELDS", "Timeline", "record_row",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",
