@@ -256,7 +256,7 @@ def test_the_measured_comparison_runs() -> None:
     server = Background(argv, env)
     try:
         server.wait_for(r"listening on http://")
-        env, argv = _as_run(readme_command("llmchat bench --base-url"), port)
+        env, argv = _as_run(readme_command("llmchat bench --base-url http://127.0.0.1:8000/v1 --compare"), port)
         done = run(argv, env)
         assert done.returncode == 0, done.stderr
         # The before/after table README's tables were made from: the three configurations, side by side.

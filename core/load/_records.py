@@ -26,6 +26,7 @@ from typing import Any
 from llmchat.core.load._run import Sample
 from llmchat.core.load._schedule import from_schedule
 from llmchat.core.load._stats import CLIENT_ERRORS
+from llmchat.core.observe import percentile
 
 #: The columns of ``--csv``, in order (``record_row``'s keys).
 RECORD_FIELDS: tuple[str, ...] = (
@@ -48,11 +49,12 @@ def record_row(sample: Sample, origin_ns: int) -> dict[str, Any]:
     start, and in an open loop from the scheduled one), its tokens and how it ended. No text, no secrets."""
     record = sample.record
     itl = record.itl_ms
-    summary = record.summary()
     kind = record.error_kind
     scheduled_ttft = scheduled_e2e = None
     if sample.due_ns is not None:
         scheduled_ttft, scheduled_e2e = from_schedule(record, sample.due_ns)
+    # The record's properties one by one, not its summary(): a third of the cost, on the event loop, and the
+    # same values (summary rounds each with _r's rule and takes ITL's percentiles with the same function).
     return {
         "config": sample.config,
         "slice": sample.slice,
@@ -61,18 +63,18 @@ def record_row(sample: Sample, origin_ns: int) -> dict[str, Any]:
         "scheduled_s": None if sample.due_ns is None else round((sample.due_ns - origin_ns) / 1e9, 6),
         "start_s": round((record.t0_ns - origin_ns) / 1e9, 6),
         "lag_ms": round(sample.lag_ms, 3),
-        "pool_wait_ms": summary["pool_wait_ms"],
-        "connect_ms": summary["connect_ms"],
-        "tls_ms": summary["tls_ms"],
-        "ttfb_ms": summary["ttfb_ms"],
-        "ttft_ms": summary["ttft_ms"],
-        "e2e_ms": summary["total_ms"],
+        "pool_wait_ms": _r(record.pool_wait_ms),
+        "connect_ms": _r(record.connect_ms),
+        "tls_ms": _r(record.tls_ms),
+        "ttfb_ms": _r(record.ttfb_ms),
+        "ttft_ms": _r(record.ttft_ms),
+        "e2e_ms": _r(record.total_ms),
         "scheduled_ttft_ms": _r(scheduled_ttft),
         "scheduled_e2e_ms": _r(scheduled_e2e),
         "itl_mean_ms": round(sum(itl) / len(itl), 3) if itl else None,
-        "itl_ms_p50": summary["itl_ms_p50"],
-        "itl_ms_p99": summary["itl_ms_p99"],
-        "tpot_ms": summary["tpot_ms"],
+        "itl_ms_p50": _r(percentile(itl, 50)),
+        "itl_ms_p99": _r(percentile(itl, 99)),
+        "tpot_ms": _r(record.tpot_ms),
         "chunks": len(record.chunk_ns),
         "output_tokens": record.output_tokens,
         "prompt_tokens": record.prompt_tokens,

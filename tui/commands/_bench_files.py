@@ -60,6 +60,8 @@ class ReportFiles:
         self.csv_path = _empty(csv_path, "--csv") if csv_path else None
         # The rows go out on the request log's writer thread, as --json's lines do.
         self._csv = RequestLog(LogSettings(requests_path=self.csv_path)) if self.csv_path else None
+        self._buffer = io.StringIO()
+        self._writer = csv.DictWriter(self._buffer, RECORD_FIELDS, lineterminator="\n")
         self.rows = 0
         self._row(dict(zip(RECORD_FIELDS, RECORD_FIELDS, strict=True)))  # the header
         self.origin_ns = time.perf_counter_ns()
@@ -82,9 +84,10 @@ class ReportFiles:
 
     def _row(self, row: dict[str, object]) -> None:
         if self._csv is not None:
-            out = io.StringIO()
-            csv.DictWriter(out, RECORD_FIELDS, lineterminator="\n").writerow(row)
-            self._csv.put(out.getvalue())
+            self._writer.writerow(row)
+            self._csv.put(self._buffer.getvalue())
+            self._buffer.seek(0)
+            self._buffer.truncate()
 
     def finish(self, load: LoadRun, stats: Sequence[ConfigStats], interrupted: bool) -> None:
         if not self.report_path:

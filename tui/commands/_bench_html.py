@@ -130,7 +130,7 @@ def render(page: Page) -> str:
         snapshots, url, interval = page.server
         body.append('<h2 id="server">Server metrics</h2>')
         body.append(table(report.server_cells(snapshots, interval), left=2, cls="server"))
-        body.append(_notes([f"scraped from {url}; requests waiting above 0 flag saturation"]))
+        body.append(_notes([report.server_note(url)]))
     body.append('<h2 id="timeline">Over the run</h2>')
     body.append(timeline_svg(page.timeline, mode=page.mode))
     tl = page.timeline

@@ -2,7 +2,8 @@
 
 Pure text in, text out (the command writes it): tables as aligned columns, the terminal chart through plotext,
 and the SVG chart written by hand (grouped bars, no library), so every picture holds the same numbers as the
-table above it.
+table above it. Each table's cells come from a ``*_cells`` function and its lines under it from ``*_notes``,
+so ``--report`` (``_bench_html``) shows what the terminal shows.
 """
 
 from __future__ import annotations
@@ -242,8 +243,12 @@ def server_table(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]], 
                  interval_s: float) -> str:
     """The provider's own /metrics over each configuration's slices: requests waiting (the saturation sign)
     and running, p50 and max, the fullest KV cache, and how many scrapes answered."""
-    return (grid(server_cells(snapshots, interval_s), left=2)
-            + f"\nscraped from {url}; requests waiting above 0 flag saturation")
+    return grid(server_cells(snapshots, interval_s), left=2) + "\n" + server_note(url)
+
+
+def server_note(url: str) -> str:
+    """The line under ``server_table``: where the figures came from."""
+    return f"scraped from {url}; requests waiting above 0 flag saturation"
 
 
 def server_cells(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]],
