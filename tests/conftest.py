@@ -5,12 +5,14 @@
 - ``tls_server``: the same over https with a self-signed certificate; ``.cert_path`` is the PEM to trust.
 - ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings
   (ServerSettings field names, ``profile`` included; the port defaults to 0); all are closed at teardown.
+- ``sigint_inheritable``: a child process started in the test sees Ctrl-C (SIGINT handled, not ignored).
 - ``terminals``: the installed ``llmchat`` in pseudo-terminals read by a terminal emulator
   (tests/terminal.py).
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,3 +87,15 @@ def terminals(tmp_path: Path) -> Iterator[TerminalSession]:
     session = TerminalSession(tmp_path / "xdg")
     yield session
     session.close()
+
+
+@pytest.fixture
+def sigint_inheritable() -> Iterator[None]:
+    # A child inherits an *ignored* SIGINT (a shell's background job has one) and would then never see Ctrl-C;
+    # a handled one is reset to the default at exec, which is what the child must start with.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, previous)

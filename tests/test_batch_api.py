@@ -16,13 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from test_batch_cli import by_id, read_results, sigint_inheritable, summary_of, write_jobs
+from test_batch_cli import by_id, read_results, summary_of, write_jobs
 
 from llmchat.core.load import batch_input, read_jobs, state_path
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
-
-__all__ = ["sigint_inheritable"]  # a fixture, used by name
 
 Factory = Callable[..., RunningServer]
 BOUND_S = 20.0

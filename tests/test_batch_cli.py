@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,18 +182,6 @@ def test_an_input_file_that_cannot_be_read_is_one_line(
                    "--base-url", "http://127.0.0.1:9/v1"])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("llmchat: cannot read") and err.count("\n") == 1
-
-
-@pytest.fixture
-def sigint_inheritable() -> Iterator[None]:
-    # A child inherits an *ignored* SIGINT (a shell's background job has one) and would then never see Ctrl-C;
-    # a handled one is reset to the default at exec, which is what the child must start with.
-    previous = signal.getsignal(signal.SIGINT)
-    if previous == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    if previous == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_stops_at_once_with_whole_lines_and_a_rerun_finishes(

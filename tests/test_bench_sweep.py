@@ -79,10 +79,13 @@ def test_a_sweep_finds_the_knee_and_the_highest_rate_meeting_a_ttft_slo(
     i = loads.index(best)
     assert all(s >= SLO_SHARE for s in shares[:i + 1]) and shares[i + 1] < SLO_SHARE
     assert f"highest level meeting it {best:g}/s" in out and f"knee: {sweep['knee']:g}/s" in out
-    # The plot: one point per level on each curve, the knee marked.
+    # The plot: one point per level on each curve, the knee marked, the highest level meeting the SLO ringed.
     root = ET.fromstring(svg.read_text())
     assert len(root.findall(f"{SVG}polyline")) == 2
-    assert len(root.findall(f"{SVG}circle")) == 8
+    circles = root.findall(f"{SVG}circle")
+    assert len([c for c in circles if c.get("class") == "level"]) == 8
+    assert [c.findtext(f"{SVG}title") for c in circles if c.get("class") == "slo"] == [
+        f"highest level meeting the SLO: {best:g}/s"]
     assert any(t.text == f"knee {sweep['knee']:g}/s" for t in root.iter(f"{SVG}text"))
 
 

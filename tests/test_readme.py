@@ -46,6 +46,7 @@ RUN_BELOW = {
     "llmchat bench --base-url http://127.0.0.1:8000/v1 --compare h2,h1,nopool --users 10 --requests 100",
     "llmchat bench --dataset conversations.json --turns all --prefix-share 0.25 --base-url "
     "http://127.0.0.1:8000/v1 --users 4 --requests 20",
+    "llmchat bench --base-url http://127.0.0.1:8000/v1 --users 10 --requests 100 --report bench.html --csv bench.csv",
     "LLMCHAT_HTTP2=h2c llmchat locust --headless -u 50 -r 10 -t 1m --host http://127.0.0.1:8000/v1",
     "llmchat locust --master --host https://api.example/v1     # on the master",
     "llmchat locust --worker --master-host MASTER_IP           # on each worker",
@@ -257,7 +258,7 @@ def test_the_measured_comparison_runs() -> None:
     server = Background(argv, env)
     try:
         server.wait_for(r"listening on http://")
-        env, argv = _as_run(readme_command("llmchat bench --base-url"), port)
+        env, argv = _as_run(readme_command("llmchat bench --base-url http://127.0.0.1:8000/v1 --compare"), port)
         done = run(argv, env)
         assert done.returncode == 0, done.stderr
         # The before/after table README's tables were made from: the three configurations, side by side.
@@ -341,10 +342,25 @@ def test_batch_row(served: tuple[Background, str], tmp_path: Path) -> None:
     assert again.returncode == 0 and re.search(r"skipped \(already done\)\s+2", again.stderr)  # resumable
 
 
-def test_bench_row_json_and_plot(served: tuple[Background, str], tmp_path: Path) -> None:
+def test_bench_row_json_and_plot_and_the_reports_command(served: tuple[Background, str], tmp_path: Path) -> None:
     _, url = served
-    done = run([LLMCHAT, "bench", "--base-url", url, "--requests", "4", "--users", "2", "--max-tokens", "8",
-                "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "p.svg"), "--quiet"])
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    env, argv = _as_run(readme_command("llmchat bench --base-url http://127.0.0.1:8000/v1 --users 10 --requests 100 "
+                                       "--report"), port)
+    # Both at once, as the Try-it pair: each is mostly the chat profile's pace, and they share nothing.
+    with ThreadPoolExecutor(2) as pool:
+        reports = pool.submit(run, [*argv, "--quiet"], env, tmp_path)
+        row = pool.submit(run, [LLMCHAT, "bench", "--base-url", url, "--requests", "4", "--users", "2",
+                                "--max-tokens", "8", "--json", str(tmp_path / "b.json"), "--plot",
+                                str(tmp_path / "p.svg"), "--quiet"])
+    done = reports.result()
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "bench.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") >= 3 and "<script" not in page
+    assert "TTFT ms" in page and "where the time went" in page  # the terminal's tables, and the shares
+    rows = (tmp_path / "bench.csv").read_text().splitlines()
+    assert rows[0].startswith("config,slice,index,request_id,") and len(rows) == 1 + 5  # README's 100 -> 5
+    done = row.result()
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in (tmp_path / "b.json").read_text().splitlines()]  # JSON Lines
     assert "TTFT" in done.stdout

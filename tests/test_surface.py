@@ -93,6 +93,7 @@ SURFACE: dict[str, list[str]] = {
         "Conversation", "Dataset", "RequestTokens", "TokenFigures", "load_dataset",
         "RATE_PER_WORKER", "WorkerError", "WorkerRun", "available_cores", "choose_workers", "default_workers",
         "make_run", "workers_runner",
+        "RECORD_FIELDS", "Timeline", "record_row",
     ],
     "llmchat.core.observe": [
         "Attribution", "Baseline", "BaselineStore", "Bus", "Chunk", "ColdStartDetector", "ConnectionState",

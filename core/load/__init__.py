@@ -37,6 +37,7 @@ from llmchat.core.load._jobs import (
     split_lines,
 )
 from llmchat.core.load._prompts import PromptPlan
+from llmchat.core.load._records import RECORD_FIELDS, Timeline, record_row
 from llmchat.core.load._run import CONFIGS, MAX_IN_FLIGHT, LoadRun, Sample, Scenario, Target, parse_configs
 from llmchat.core.load._schedule import GROWTH_MS, ScheduleFigures
 from llmchat.core.load._stats import (
@@ -91,6 +92,7 @@ __all__ = [
     "PathEstimate",
     "PromptPlan",
     "QUANTILES",
+    "RECORD_FIELDS",
     "RELATIVE_ERROR",
     "SLO",
     "SLO_SHARE",
@@ -111,6 +113,7 @@ __all__ = [
     "default_workers",
     "make_run",
     "workers_runner",
+    "Timeline",
     "check_output",
     "batch_input",
     "compare_rows",
@@ -123,6 +126,7 @@ __all__ = [
     "pending_batch",
     "read_done",
     "read_jobs",
+    "record_row",
     "run_batch_api",
     "run_jobs",
     "run_sweep",

@@ -2,7 +2,8 @@
 
 Pure text in, text out (the command writes it): tables as aligned columns, the terminal chart through plotext,
 and the SVG chart written by hand (grouped bars, no library), so every picture holds the same numbers as the
-table above it.
+table above it. Each table's cells come from a ``*_cells`` function and its lines under it from ``*_notes``,
+so ``--report`` (``_bench_html``) shows what the terminal shows.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def grid(rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
 def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     """Every figure, one column per configuration: latency percentiles, errors by class (the server's and the
     network's apart from the client's own), throughput."""
+    return "\n".join([grid(figures_cells(stats, mode=mode), left=2), *figures_notes(stats)])
+
+
+def figures_cells(stats: Sequence[ConfigStats], *, mode: str) -> list[list[str]]:
+    """``figures_table``'s cells, row by row (the header row first; two label columns): ``--report`` shows
+    the same cells as the terminal."""
     rows: list[list[str]] = [["", "", *(s.name for s in stats)]]
     for metric in ("pool_wait", "ttfb", "ttft", "itl", "tpot", "e2e"):
         if metric in ("ttft", "itl", "tpot") and mode != "stream":
@@ -87,26 +94,44 @@ def figures_table(stats: Sequence[ConfigStats], *, mode: str) -> str:
     rows.append(["retries", "", *(str(s.retries) for s in stats)])
     rows.append(["cache hits", "", *(str(s.cache_hits) for s in stats)])
     rows.append(["wall s", "", *(f"{s.wall_s:.2f}" for s in stats)])
-    text = grid(rows, left=2)
+    return rows
+
+
+def figures_notes(stats: Sequence[ConfigStats]) -> list[str]:
+    """The lines under ``figures_table``: what goodput counted, what client errors are, which percentiles are
+    approximate."""
+    notes = []
     if stats and stats[0].slo.given:
-        text += f"\ngoodput: successful requests/s with {stats[0].slo.describe()}"
-    if client_kinds:
-        text += ("\nclient errors are the bench's own and never reached the server (timeout_pool: no free "
-                 "connection in its pool within http.pool_timeout_s; they are not retried): they lower "
-                 "requests/s and goodput, not the server's error rate. Leave --max-connections out to size "
-                 "the pool for the load")
+        notes.append(f"goodput: successful requests/s with {stats[0].slo.describe()}")
+    if any(s.client_errors for s in stats):
+        notes.append("client errors are the bench's own and never reached the server (timeout_pool: no free "
+                     "connection in its pool within http.pool_timeout_s; they are not retried): they lower "
+                     "requests/s and goodput, not the server's error rate. Leave --max-connections out to size "
+                     "the pool for the load")
     approximate = [METRIC_NAMES[m] for m in METRICS if any(m in s.approximate for s in stats)]
     if approximate:
-        text += "\n" + _approximate_note(approximate)
-    return text
+        notes.append(_approximate_note(approximate))
+    return notes
 
 
 def schedule_table(stats: Sequence[ConfigStats]) -> str:
     """An open loop's figures from the schedule: schedule lag, and TTFT and end-to-end counted from each
     request's scheduled start beside the same from its actual start; empty in a closed loop."""
+    rows = schedule_cells(stats)
+    if not rows:
+        return ""
+    return grid(rows, left=2) + "\n" + SCHEDULE_NOTE
+
+
+SCHEDULE_NOTE = ("schedule lag: how late each request started after its scheduled arrival; latencies counted "
+                 "from the scheduled start include it (coordinated omission)")
+
+
+def schedule_cells(stats: Sequence[ConfigStats]) -> list[list[str]]:
+    """``schedule_table``'s cells (two label columns); [] in a closed loop."""
     timed = [s for s in stats if s.schedule is not None]
     if not timed:
-        return ""
+        return []
     rows: list[list[str]] = [["from the scheduled start", "", *(s.name for s in timed)]]
     series: list[tuple[str, Callable[[ConfigStats, str], float | None]]] = [
         ("schedule lag ms", lambda s, q: _sched(s).lag[q]),
@@ -119,8 +144,7 @@ def schedule_table(stats: Sequence[ConfigStats]) -> str:
         for i, q in enumerate(f"p{q}" for q in QUANTILES):
             rows.append([label if i == 0 else "", q, *(fmt_ms(value(s, q)) for s in timed)])
     rows.append(["lag growth ms/s", "", *(f"{_sched(s).slope_ms_per_s:+.1f}" for s in timed)])
-    return (grid(rows, left=2) + "\nschedule lag: how late each request started after its scheduled arrival; "
-            "latencies counted from the scheduled start include it (coordinated omission)")
+    return rows
 
 
 def _sched(s: ConfigStats) -> ScheduleFigures:
@@ -150,10 +174,22 @@ def attribution_table(stats: Sequence[ConfigStats]) -> str:
     """Where the time went: one row per attribution part any configuration has, p50/p90/p99 in ms per
     configuration ("-" where it has none), then each configuration's split by group. Empty when no
     configuration has a successful request."""
-    present = [k for k in PARTS if any(k in s.attribution for s in stats)]
-    present += sorted({k for s in stats for k in s.attribution} - set(present))
-    if not present:
+    rows = attribution_cells(stats)
+    if not rows:
         return ""
+    return "\n".join([grid(rows), *attribution_notes(stats)])
+
+
+def _present_parts(stats: Sequence[ConfigStats]) -> list[str]:
+    present = [k for k in PARTS if any(k in s.attribution for s in stats)]
+    return present + sorted({k for s in stats for k in s.attribution} - set(present))
+
+
+def attribution_cells(stats: Sequence[ConfigStats]) -> list[list[str]]:
+    """``attribution_table``'s cells (two header rows: the names, then the quantiles); [] with no part."""
+    present = _present_parts(stats)
+    if not present:
+        return []
     header: list[str] = ["where the time went, ms"]
     quantiles: list[str] = [""]
     for s in stats:
@@ -166,17 +202,26 @@ def attribution_table(stats: Sequence[ConfigStats]) -> str:
             part = s.attribution.get(key)
             row += [fmt_ms(None if part is None else part[f"p{q}"]) for q in QUANTILES]
         rows.append(row)
-    lines = [grid(rows)]
+    return rows
+
+
+def attribution_notes(stats: Sequence[ConfigStats]) -> list[str]:
+    """The lines under ``attribution_table``: each configuration's split by group, where the parts come from,
+    which percentiles are approximate."""
+    present = _present_parts(stats)
+    if not present:
+        return []
+    lines = []
     width = max(len(s.name) for s in stats)
     for s in stats:
         split = " · ".join(f"{g} {v * 100:.0f}%" for g, v in sorted(s.attribution_shares.items(),
                                                                       key=lambda kv: -abs(kv[1])))
         lines.append(f"{s.name:<{width}}  {split or '-'}")
-    text = "\n".join(lines) + "\nparts: " + _part_sources(present)
+    lines.append("parts: " + _part_sources(present))
     approximate = [k for k in present if any(k in s.approximate_parts for s in stats)]
     if approximate:
-        text += "\n" + _approximate_note(approximate)
-    return text
+        lines.append(_approximate_note(approximate))
+    return lines
 
 
 def _part_sources(keys: Sequence[str]) -> str:
@@ -198,9 +243,20 @@ def server_table(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]], 
                  interval_s: float) -> str:
     """The provider's own /metrics over each configuration's slices: requests waiting (the saturation sign)
     and running, p50 and max, the fullest KV cache, and how many scrapes answered."""
+    return grid(server_cells(snapshots, interval_s), left=2) + "\n" + server_note(url)
+
+
+def server_note(url: str) -> str:
+    """The line under ``server_table``: where the figures came from."""
+    return f"scraped from {url}; requests waiting above 0 flag saturation"
+
+
+def server_cells(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]],
+                 interval_s: float) -> list[list[str]]:
+    """``server_table``'s cells (two label columns)."""
     names = list(snapshots)
     figures = [summarize_snapshots(snapshots[n]) for n in names]
-    rows: list[list[str]] = [
+    return [
         [f"server metrics, every {interval_s:g} s", "", *names],
         ["requests waiting", "p50", *(_count(f.waiting_p50) for f in figures)],
         ["", "max", *(_count(f.waiting_max) for f in figures)],
@@ -210,7 +266,6 @@ def server_table(snapshots: Mapping[str, Sequence[Mapping[str, float] | None]], 
                                   for f in figures)],
         ["scrapes", "", *(f"{f.snapshots} ({f.failed} failed)" for f in figures)],
     ]
-    return grid(rows, left=2) + f"\nscraped from {url}; requests waiting above 0 flag saturation"
 
 
 def _count(v: float | None) -> str:
@@ -226,6 +281,11 @@ def compare_table(stats: Sequence[ConfigStats]) -> str:
     """The before/after table: p99 end-to-end, the server's and the network's error rate and requests/s, each
     with its change against the first configuration, the client's own error rate, and the HTTP version each
     actually used."""
+    return grid(compare_cells(stats), left=2)
+
+
+def compare_cells(stats: Sequence[ConfigStats]) -> list[list[str]]:
+    """``compare_table``'s cells, the header row first."""
     rows = [["config", "HTTP", "reused", "p99 e2e ms", "change", "errors", "change", "client err", "req/s",
              "change"]]
     for i, row in enumerate(compare_rows(stats)):
@@ -243,7 +303,7 @@ def compare_table(stats: Sequence[ConfigStats]) -> str:
             f"{row['requests_per_s']:.2f}",
             "(base)" if first else _pct(row["requests_per_s_change_pct"], signed=True),
         ])
-    return grid(rows, left=2)
+    return rows
 
 
 def chart_metrics(mode: str) -> tuple[str, ...]:

@@ -16,6 +16,11 @@ from llmchat.tui.commands._bench_report import BAR_COLOURS, _nice_ceiling, fmt_m
 def sweep_table(result: SweepResult) -> str:
     """One row per level: requests, requests/s, goodput, TTFT/ITL/end-to-end p50 and p99, server errors, the
     server's queue p90, and the SLO share when one was given; the knee and the SLO's level marked."""
+    return grid(sweep_cells(result))
+
+
+def sweep_cells(result: SweepResult) -> list[list[str]]:
+    """``sweep_table``'s cells, the header row first."""
     mode = result.mode
     slo = bool(result.levels) and result.levels[0].stats.slo.given
     head = ["level", "requests", "req/s", "goodput"] if slo else ["level", "requests", "req/s"]
@@ -41,7 +46,7 @@ def sweep_table(result: SweepResult) -> str:
             share = lv.slo_share
             row.append("-" if share is None else f"{share:.0%}")
         rows.append(row)
-    return grid(rows)
+    return rows
 
 
 def sweep_summary(result: SweepResult) -> list[str]:
@@ -83,8 +88,12 @@ def saturation_warning(result: SweepResult) -> str | None:
             "level is its queue, not its speed")
 
 
+def _metric(result: SweepResult) -> str:
+    return "ttft" if result.mode == "stream" else "e2e"
+
+
 def _curves(result: SweepResult) -> list[tuple[str, list[tuple[float, float]]]]:
-    metric = "ttft" if result.mode == "stream" else "e2e"
+    metric = _metric(result)
     out = []
     for q in ("p50", "p99"):
         pts = [(lv.stats.rps, v) for lv in result.levels
@@ -153,6 +162,15 @@ def svg_curve(result: SweepResult, *, title: str = "llmchat bench --sweep") -> s
         kx = px(knee.rps)
         parts.append(f'<line x1="{kx:.1f}" y1="{top}" x2="{kx:.1f}" y2="{top + h}" stroke="#888" '
                      f'stroke-dasharray="4 3"/><text x="{kx + 4:.1f}" y="{top + 12}">knee {escape(knee.name)}</text>')
+    if result.best is not None:  # the highest level meeting the SLO, ringed on its p50 point
+        best = result.levels[result.best].stats
+        v = best.latency[_metric(result)]["p50"]
+        if v is not None:
+            bx, by = px(best.rps), py(v)
+            parts.append(f'<circle class="slo" cx="{bx:.1f}" cy="{by:.1f}" r="9" fill="none" stroke="#59a14f" '
+                         f'stroke-width="2.5"><title>highest level meeting the SLO: {escape(best.name)}</title>'
+                         f'</circle><text x="{bx + 12:.1f}" y="{by + 16:.1f}" fill="#3b7a34">SLO met up to '
+                         f'{escape(best.name)}</text>')
     parts.append(f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#333"/>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -54,6 +54,7 @@ from llmchat.tui.commands import _bench_dataset as dataset_report
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _bench_sweep as sweep_report
 from llmchat.tui.commands import _options
+from llmchat.tui.commands._bench_files import ReportFiles
 from llmchat.tui.commands._provider import offline_default
 
 T = TypeVar("T")
@@ -115,6 +116,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--slo-e2e-ms", type=float, metavar="MS", help="goodput counts requests with end-to-end at most this")
     a("--json", metavar="PATH", help="write every request's timing record to PATH as it finishes, and every "
       "figure at the end (JSON Lines: the run, the requests, the summary last)")
+    a("--report", metavar="HTML", help="write the run as one self-contained HTML page: configuration, tables, "
+      "sweep curve, where the time went, and TTFT, end-to-end and requests in flight over the run")
+    a("--csv", metavar="PATH", help="write one row per request as it finishes (CSV with a header row)")
     a("--plot", nargs="?", const="-", metavar="SVG",
       help="draw p50/p90/p99 per configuration in the terminal, or write them to SVG")
     a("--max-in-flight", type=int, metavar="N",
@@ -238,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         # Opened (emptied) before anything else: a path that cannot be written is one line, not a lost run.
         results = stack.enter_context(contextlib.closing(ResultFile(args.json))) if args.json else None
+        files = (stack.enter_context(contextlib.closing(ReportFiles(args.report, args.csv, seed=args.seed)))
+                 if args.report or args.csv else None)
         if bus is not None:
             stack.enter_context(contextlib.closing(attach_observers(bus, settings, baselines=baselines)))
         if bus is not None and args.metrics_port is not None:
@@ -258,6 +264,14 @@ def run(args: argparse.Namespace) -> int:
             progress.sample(sample)
             if results is not None:
                 results.request(sample)
+            if files is not None:
+                files.request(sample)
+
+        def on_start(run: LoadRun) -> None:
+            if results is not None:
+                results.start(run)
+            if files is not None:
+                files.start(run)
 
         if sweep is not None:
             levels: list[Level] = []
@@ -265,8 +279,7 @@ def run(args: argparse.Namespace) -> int:
 
             def on_level(level: float, run: LoadRun) -> None:
                 progress.slice(0, sweep.label(level))
-                if results is not None:
-                    results.start(run)
+                on_start(run)
 
             try:
                 result = asyncio.run(_drive(run_sweep(scenario, sweep, target, slo=slo, detector=detector,
@@ -278,10 +291,11 @@ def run(args: argparse.Namespace) -> int:
             store.save(detector.baselines())
             if results is not None:
                 results.finish_sweep(result, interrupted)
+            if files is not None:
+                files.finish_sweep(result, interrupted)
         else:
             load = make_run(scenario, configs, target, workers=workers, slo=slo, detector=detector,
-                            on_sample=on_sample, on_slice=progress.slice,
-                            on_start=None if results is None else results.start)
+                            on_sample=on_sample, on_slice=progress.slice, on_start=on_start)
             try:
                 asyncio.run(_drive(load.run(), progress))
             except KeyboardInterrupt:
@@ -290,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
             stats = [load.tallies[name].stats(load.walls_ns[name]) for name in configs]
             if results is not None:
                 results.finish(load, stats, interrupted)
+            if files is not None:
+                files.finish(load, stats, interrupted)
     if sweep is not None:
         return _report_sweep(args, result, interrupted)
     print(header(load, scenario, interrupted))
