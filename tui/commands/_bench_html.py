@@ -17,7 +17,7 @@ from llmchat.core.load import ConfigStats, SweepResult, Timeline
 from llmchat.core.observe import GROUPS
 from llmchat.tui.commands import _bench_report as report
 from llmchat.tui.commands import _bench_sweep as sweep_report
-from llmchat.tui.commands._bench_report import _nice_ceiling
+from llmchat.tui.commands._bench_report import axis
 
 #: A colour per configuration (or sweep level) in the time series, in the order they first ran.
 SERIES_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7",
@@ -190,7 +190,7 @@ def timeline_svg(timeline: Timeline, *, mode: str) -> str:
     points = timeline.points
     flight = timeline.in_flight()
     x_max = max([p.start_s for p in points] + [t for t, _ in flight] + [0.0]) or 1.0
-    x_scale = _nice_ceiling(x_max)
+    x_scale, x_ticks = axis(x_max)
     panels: list[tuple[str, str]] = [("e2e", "end-to-end per request (ms)"), ("flight", "requests in flight")]
     if mode == "stream":
         panels.insert(0, ("ttft", "TTFT per request (ms)"))
@@ -213,20 +213,21 @@ def timeline_svg(timeline: Timeline, *, mode: str) -> str:
             values = [float(c) for _, c in flight]
         else:
             values = [v for p in points if (v := (p.ttft_ms if kind == "ttft" else p.e2e_ms)) is not None]
-        y_scale = _nice_ceiling(max(values, default=0.0) or 1.0)
-        if kind == "flight" and y_scale % 4:  # whole requests at every gridline
-            y_scale = float(4 * -(-int(y_scale) // 4))
+        y_scale, y_ticks = axis(max(values, default=0.0))
+        if kind == "flight":  # whole requests at every gridline
+            y_ticks = [(t, label) for t, label in y_ticks if t == int(t)]
 
         def py(v: float, y0: int = y0, y_scale: float = y_scale) -> float:
             return y0 + panel_h - panel_h * v / y_scale
 
         parts.append(f'<text x="{left}" y="{y0 - 8}" font-weight="bold">{_e(label)}</text>')
-        for k in range(5):
-            y = py(y_scale * k / 4)
+        for tick, tick_label in y_ticks:
+            y = py(tick)
             parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd"/>'
-                         f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{y_scale * k / 4:g}</text>')
-            parts.append(f'<text x="{px(x_scale * k / 4):.1f}" y="{y0 + panel_h + 15}" text-anchor="middle">'
-                         f"{x_scale * k / 4:g}</text>")
+                         f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_label}</text>')
+        for tick, tick_label in x_ticks:
+            parts.append(f'<text x="{px(tick):.1f}" y="{y0 + panel_h + 15}" text-anchor="middle">'
+                         f"{tick_label}</text>")
         if kind == "flight":
             steps = []
             prev = 0

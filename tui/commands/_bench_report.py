@@ -8,7 +8,6 @@ so ``--report`` (``_bench_html``) shows what the terminal shows.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from xml.sax.saxutils import escape
 
@@ -24,6 +23,7 @@ from llmchat.core.load import (
     compare_rows,
 )
 from llmchat.core.observe import PARTS
+from llmchat.tui.numbers import nice_ticks, tick_labels
 
 BAR_COLOURS = ("#4e79a7", "#f28e2b", "#e15759")  # p50, p90, p99
 
@@ -355,16 +355,15 @@ def svg_chart(stats: Sequence[ConfigStats], *, mode: str, title: str = "llmchat 
 def _panel(stats: Sequence[ConfigStats], metric: str, left: int, y0: int, w: int, h: int) -> list[str]:
     values = [[s.latency[metric][f"p{q}"] for q in QUANTILES] for s in stats]
     peak = max((v for row in values for v in row if v is not None), default=0.0) or 1.0
-    scale = _nice_ceiling(peak)
+    scale, ticks = axis(peak)
     inner_top = y0 + 20
     inner_h = h - 20
     name = escape(METRIC_NAMES[metric])
     out = [f'<text x="{left}" y="{y0 + 12}" font-weight="bold">{name} latency (ms)</text>']
-    for k in range(5):
-        tick = scale * k / 4
-        y = inner_top + inner_h - inner_h * k / 4
+    for tick, label in ticks:
+        y = inner_top + inner_h - inner_h * tick / scale
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd"/>'
-                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     group_w = w / max(len(stats), 1)
     bar_w = min(40.0, group_w * 0.8 / len(QUANTILES))
     for g, (s, row) in enumerate(zip(stats, values, strict=True)):
@@ -383,10 +382,8 @@ def _panel(stats: Sequence[ConfigStats], metric: str, left: int, y0: int, w: int
     return out
 
 
-def _nice_ceiling(v: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= v: a y axis with round gridlines."""
-    power = 10.0 ** math.floor(math.log10(v))
-    for step in (1, 2, 2.5, 5, 10):
-        if step * power >= v:
-            return step * power
-    return 10 * power
+def axis(peak: float) -> tuple[float, list[tuple[float, str]]]:
+    """An axis from 0 to at least ``peak``: its top, and its round gridlines (steps of 1, 2 or 5 times a power
+    of ten) with their labels at the step's precision."""
+    ticks = nice_ticks(0.0, peak if peak > 0 else 1.0, 6)
+    return ticks[-1], list(zip(ticks, tick_labels(ticks, ""), strict=True))

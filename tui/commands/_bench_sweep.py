@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
 from llmchat.core.load import METRIC_NAMES, SLO_SHARE, SweepResult
-from llmchat.tui.commands._bench_report import BAR_COLOURS, _nice_ceiling, fmt_ms, grid
+from llmchat.tui.commands._bench_report import BAR_COLOURS, axis, fmt_ms, grid
 
 
 def sweep_table(result: SweepResult) -> str:
@@ -125,8 +125,8 @@ def svg_curve(result: SweepResult, *, title: str = "llmchat bench --sweep") -> s
     curves = _curves(result)
     xs = [x for _, pts in curves for x, _ in pts]
     ys = [y for _, pts in curves for _, y in pts]
-    x_scale = _nice_ceiling(max(xs, default=0.0) or 1.0)
-    y_scale = _nice_ceiling(max(ys, default=0.0) or 1.0)
+    x_scale, x_ticks = axis(max(xs, default=0.0))
+    y_scale, y_ticks = axis(max(ys, default=0.0))
 
     def px(x: float) -> float:
         return left + w * x / x_scale
@@ -138,11 +138,12 @@ def svg_curve(result: SweepResult, *, title: str = "llmchat bench --sweep") -> s
              'font-family="sans-serif" font-size="12">',
              f'<title>{escape(title)}</title>',
              f'<text x="{left}" y="20" font-size="15" font-weight="bold">{escape(title)}</text>']
-    for k in range(5):
-        y, x = py(y_scale * k / 4), px(x_scale * k / 4)
+    for tick, label in y_ticks:
+        y = py(tick)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{y_scale * k / 4:g}</text>'
-                     f'<text x="{x:.1f}" y="{top + h + 18}" text-anchor="middle">{x_scale * k / 4:g}</text>')
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+    for tick, label in x_ticks:
+        parts.append(f'<text x="{px(tick):.1f}" y="{top + h + 18}" text-anchor="middle">{label}</text>')
     parts.append(f'<text x="{left + w / 2}" y="{top + h + 40}" text-anchor="middle">requests/s</text>'
                  f'<text x="14" y="{top + h / 2}" transform="rotate(-90 14 {top + h / 2})" '
                  'text-anchor="middle">ms</text>')
