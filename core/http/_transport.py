@@ -536,8 +536,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.ConnectError(f"{type(exc).__name__}: {exc}") from exc
         if transport is None:
             raise httpcore.ConnectError("the connection closed during the TLS handshake")
-        self._protocol.transport = transport  # type: ignore[assignment]
-        return AsyncioStream(transport, self._protocol)  # type: ignore[arg-type]
+        self._protocol.transport = transport
+        return AsyncioStream(transport, self._protocol)
 
     def get_extra_info(self, info: str) -> Any:
         t = self._transport
