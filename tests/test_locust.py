@@ -57,6 +57,58 @@ def test_a_headless_locust_run_reports_ttft_ttfb_and_end_to_end(
     assert mean["ttfb"] <= mean["ttft"] <= mean["e2e"]
 
 
+# Run in a child process (importing the user patches the standard library for gevent). The loop stands still
+# while this greenlet runs, so each check waits on a condition with a deadline, yielding to the hub.
+_ENGINE_STOPS = """
+import asyncio, sys, gevent
+from llmchat.core.load.locust_user import _Engine
+
+def until(condition):
+    deadline = gevent.get_hub().loop.now() + 10
+    while not condition():
+        assert gevent.get_hub().loop.now() < deadline, "timed out"
+        gevent.sleep(0.01)
+
+state = {"started": 0, "unwound": 0}
+
+async def request():
+    state["started"] += 1
+    try:
+        await asyncio.sleep(60)
+    finally:
+        await asyncio.sleep(0)  # unwinding takes loop turns, as closing a connection does
+        state["unwound"] += 1
+
+engine = _Engine()
+# Killed before the loop got to the request: it never starts.
+unstarted = request()
+user = gevent.spawn(engine.run, unstarted)
+gevent.sleep(0)
+user.kill(block=True)
+until(lambda: unstarted.cr_frame is None or state["started"])  # closed unstarted, or (wrongly) started
+assert state == {"started": 0, "unwound": 0}, state
+# Killed mid-request: by the time the kill returns, the request has unwound on the loop.
+user = gevent.spawn(engine.run, request())
+until(lambda: state["started"] == 1)
+user.kill(block=True)
+assert state == {"started": 1, "unwound": 1}, state
+# Stopped with a request still on the loop: it is cancelled and unwinds before the loop closes.
+engine.loop.call_soon_threadsafe(lambda: engine.loop.create_task(request()))
+until(lambda: state["started"] == 2)
+engine.stop()
+assert engine.loop.is_closed() and state == {"started": 2, "unwound": 2}, state
+print("ok")
+"""
+
+
+@needs_locust
+def test_a_stopped_user_or_engine_leaves_no_request_running_on_the_loop() -> None:
+    done = subprocess.run([sys.executable, "-c", _ENGINE_STOPS], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
+
+
 class Recorder:
     """Stands in for Locust's ``events.request`` hook: keeps what was fired."""
 

@@ -57,6 +57,9 @@ __all__ = ["REQUEST_TYPE", "LLMChatUser", "report"]
 
 _user_numbers = itertools.count()
 
+_SETTLE_S = 5.0
+"""How long a stop waits for requests on the engine's loop to unwind (closing their connections there)."""
+
 
 def _fresh_clock(**_: Any) -> None:
     # gevent's loop reads the clock only when it runs. After a slow import (llmchat's engine, in a locustfile)
@@ -171,27 +174,57 @@ class _Engine:
                 result.set(task.result())
 
         def start() -> None:
+            if abandoned:
+                coro.close()  # the caller was killed before the loop got to it: never start it
+                return
             task = self.loop.create_task(coro)
             holder.append(task)
             task.add_done_callback(done)
 
+        abandoned = False
         self.loop.call_soon_threadsafe(start)
         try:
             value: T = result.get()
         except BaseException:
+            # Killed (Locust stopping this user), often before the loop has even started the request. Started
+            # or not, no request of this user may outlive the call: one started after its user's on_stop
+            # closed the client would be left suspended mid-request when the loop stops, finalized at exit
+            # with tracebacks, its connection (an asyncio transport of this loop) never closed. So a request
+            # not yet started never starts, and a started one is cancelled and waited for while it unwinds
+            # (closing its connection on its own loop).
+            abandoned = True
             if holder and not holder[0].done():
                 self.loop.call_soon_threadsafe(holder[0].cancel)
+                result.wait(timeout=_SETTLE_S)
             raise
         return value
 
     def stop(self) -> None:
-        """Stop the loop and close it (call once no user is running)."""
+        """Cancel what still runs on the loop, wait for it to finish there, then stop the loop and close it
+        (as ``asyncio.run`` ends; call once no user is running)."""
         if self.loop.is_closed():
             return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.greenlet.join(timeout=5)
+        if not self.greenlet.dead:
+            try:
+                self.run(self._settle())
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self.greenlet.join(timeout=_SETTLE_S)
         if not self.loop.is_running():
             self.loop.close()
+
+    @staticmethod
+    async def _settle() -> None:
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=_SETTLE_S)
+        for t in pending:
+            if t.done() and not t.cancelled():
+                t.exception()  # retrieved: the user already reported it, asyncio need not log it again
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 _engines: dict[int, _Engine] = {}
