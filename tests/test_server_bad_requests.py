@@ -134,3 +134,47 @@ def test_a_websocket_upgrade_is_refused_with_403(local_server: RunningServer) ->
     with socket.create_connection(("127.0.0.1", local_server.port), timeout=5) as sock:
         sock.sendall(request)
         assert sock.recv(64).startswith(b"HTTP/1.1 403")
+
+
+def test_h2_a_body_sent_after_the_answer_leaves_the_connection_usable(local_server: RunningServer) -> None:
+    # A POST to an unknown path is answered 404 before its body is read. hypercorn dropped the stream then, and
+    # the body's frames that came after it raised KeyError and killed the connection with every stream on it
+    # (pgjones/hypercorn#329); llmchat serve reads and drops them.
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    host, port = local_server.base_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+
+    def headers(path: str) -> list[tuple[str, str]]:
+        return [(":method", "POST"), (":scheme", "http"), (":authority", f"{host}:{port}"), (":path", path),
+                ("content-type", "application/json")]
+
+    def status(event: h2.events.ResponseReceived) -> str:
+        return {str(k): str(v) for k, v in event.headers or []}.get(":status", "")
+
+    def read_until(sock: socket.socket, stream_id: int) -> list[h2.events.Event]:
+        seen: list[h2.events.Event] = []
+        while not any(isinstance(e, h2.events.StreamEnded) and e.stream_id == stream_id for e in seen):
+            data = sock.recv(65536)
+            assert data, f"the server closed the connection before stream {stream_id} ended: {seen}"
+            seen += conn.receive_data(data)
+            sock.sendall(conn.data_to_send())
+        return seen
+
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(conn.data_to_send())
+        conn.send_headers(1, headers("/api/v1/tokenize"))  # the body is still to come
+        sock.sendall(conn.data_to_send())
+        first = read_until(sock, 1)
+        assert [status(e) for e in first if isinstance(e, h2.events.ResponseReceived)] == ["404"]
+        conn.send_data(1, b'{"prompt": "late"}', end_stream=True)
+        sock.sendall(conn.data_to_send())
+        body = b'{"model": "llmchat-local", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+        conn.send_headers(3, headers("/v1/chat/completions"))
+        conn.send_data(3, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        second = read_until(sock, 3)
+    assert [status(e) for e in second if isinstance(e, h2.events.ResponseReceived)] == ["200"]

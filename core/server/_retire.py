@@ -9,7 +9,8 @@ ones the GOAWAY promised to finish. nginx sends GOAWAY (NO_ERROR, last stream id
 request arrives, finishes the streams up to it, ignores the ones the client opened after it (the client sends
 them again on a new connection: they were never processed), and closes the connection after the last reply.
 ``RetiringH2Protocol`` does the same. It replaces hypercorn's protocol class for the connections of
-``llmchat serve`` only, and behaves like hypercorn's own for any other server in the process.
+``llmchat serve`` only, and behaves like hypercorn's own for any other server in the process, except that
+frames for a stream it has already answered are dropped instead of ending the connection (``_Streams``).
 """
 
 from __future__ import annotations
@@ -44,11 +45,24 @@ class _Ignored:
 _IGNORED = _Ignored()
 
 
+class _Streams(dict[int, Any]):
+    """hypercorn's streams by id, where a stream it no longer holds reads as ``_IGNORED``.
+
+    hypercorn drops a stream once it has answered it, and an answer can come before the request's body has
+    all arrived (a 404, a 413): the body's frames that follow then looked up a missing stream, and the
+    ``KeyError`` ended the connection with every other stream on it (pgjones/hypercorn#329, not fixed in a
+    release). Their data is still acknowledged to h2 for flow control, and then dropped."""
+
+    def __missing__(self, stream_id: int) -> _Ignored:
+        return _IGNORED
+
+
 class RetiringH2Protocol(H2Protocol):
     """hypercorn's HTTP/2 protocol, retiring a connection after ``config.retire_after`` requests (0 never)."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        self.streams = _Streams(self.streams)
         self._limit: int = getattr(self.config, "retire_after", 0)
         self._served = 0
         self._last_stream_id: int | None = None
