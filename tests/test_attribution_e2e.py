@@ -121,7 +121,9 @@ async def test_batch_recovers_the_server_total(server_factory: Factory, tmp_path
     a = attribute(reply.record)
     assert _near(a.ms("server_prefill"), 150)
     expected_gen = 39 / 200 * 1000
-    assert abs(a.ms("server_generation") - expected_gen) <= GEN_TOL * expected_gen
+    # The server paces with sleeps, which a loaded machine overruns but never cuts short; and it cannot report
+    # more generation than the request took.
+    assert (1 - GEN_TOL) * expected_gen <= a.ms("server_generation") <= a.total_ms - a.ms("server_prefill")
     assert 0 <= a.ms("network_reply") < LOOPBACK_NET_MS
     assert a.part("decode") is not None and a.part("decode").source == "measured"  # type: ignore[union-attr]
     _check_sum(a)
