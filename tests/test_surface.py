@@ -102,7 +102,7 @@ SURFACE: dict[str, list[str]] = {
         "ServerState", "Spread", "TimingRecord", "WarmupState", "attach_observers", "attribute", "failed",
         "format_shares", "load_prometheus_client", "part_samples", "percentile", "prices_from_settings",
         "shares_over", "start_exporter",
-        "Headroom", "Price", "RateLimitHeld",
+        "Headroom", "Price", "RateLimitHeld", "round_ms",
     ],
     "llmchat.core.policy": [
         "Hold", "MicroBatcher", "ProviderLimiter", "RateLimits", "ReplyCache", "RetryEvent",

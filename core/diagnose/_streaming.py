@@ -14,7 +14,7 @@ from typing import Any
 from llmchat.core.client import ChatClient
 from llmchat.core.diagnose._context import PROMPT, Context, OutOfBudget
 from llmchat.core.errors import APIError
-from llmchat.core.observe import TimingRecord, percentile
+from llmchat.core.observe import TimingRecord, percentile, round_ms
 
 STREAMS = 4
 BUNCHED_SHARE = 0.1
@@ -69,12 +69,12 @@ def _arrival(record: TimingRecord) -> dict[str, Any]:
     return {
         "chunks": len(chunks),
         "tokens": record.output_tokens,
-        "ttft_ms": _r(record.ttft_ms),
-        "total_ms": _r(total),
+        "ttft_ms": round_ms(record.ttft_ms),
+        "total_ms": round_ms(total),
         "chunk_span_ms": round(span, 3),
         "span_share": None if not total else round(span / total, 4),
-        "max_gap_ms": _r(max(gaps)) if gaps else None,
-        "median_gap_ms": _r(statistics.median(gaps)) if gaps else None,
+        "max_gap_ms": round_ms(max(gaps)) if gaps else None,
+        "median_gap_ms": round_ms(statistics.median(gaps)) if gaps else None,
         "server_span_ms": _server_span(record),
         "headers_to_first_token_ms": None if record.ttfb_ms is None or record.ttft_ms is None
         else round(record.ttft_ms - record.ttfb_ms, 3),
@@ -124,9 +124,6 @@ def summarize(records: list[TimingRecord]) -> dict[str, Any]:
 
 
 def _dist(values: list[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50": _r(percentile(values, 50)), "p90": _r(percentile(values, 90)),
-            "p99": _r(percentile(values, 99)), "max": _r(max(values)) if values else None}
+    return {"n": len(values), "p50": round_ms(percentile(values, 50)), "p90": round_ms(percentile(values, 90)),
+            "p99": round_ms(percentile(values, 99)), "max": round_ms(max(values)) if values else None}
 
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)

@@ -1,9 +1,10 @@
 """A load run's requests one by one: the flat row per request (``llmchat bench --csv``) and the time series of
 the run (``--report``'s charts: TTFT and end-to-end per request against when it started, requests in flight).
 
-Rows are made from each ``Sample`` as it finishes, figures rounded as in ``--json`` (``TimingRecord.summary``),
-so a CSV cell and the JSON line of the same request hold the same number. Times in the run (``start_s``,
-``scheduled_s``) are seconds since ``origin_ns``, a ``perf_counter_ns`` stamp taken once the clients are built.
+Rows are made from each ``Sample`` as it finishes, figures rounded by ``round_ms`` as ``--json``'s
+(``TimingRecord.summary``) are, so a CSV cell and the JSON line of the same request hold the same number.
+Times in the run (``start_s``, ``scheduled_s``) are seconds since ``origin_ns``, a ``perf_counter_ns`` stamp
+taken once the clients are built.
 
 The timeline keeps memory bounded however long the run, as the bench's tallies do:
 
@@ -26,7 +27,7 @@ from typing import Any
 from llmchat.core.load._run import Sample
 from llmchat.core.load._schedule import from_schedule
 from llmchat.core.load._stats import CLIENT_ERRORS
-from llmchat.core.observe import percentile
+from llmchat.core.observe import percentile, round_ms
 
 #: The columns of ``--csv``, in order (``record_row``'s keys).
 RECORD_FIELDS: tuple[str, ...] = (
@@ -40,9 +41,6 @@ BINS = 1_000
 FIRST_BIN_S = 0.01
 
 
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)
-
 
 def record_row(sample: Sample, origin_ns: int) -> dict[str, Any]:
     """One request as a flat row (``RECORD_FIELDS``): its place in the run, its latencies (from the actual
@@ -54,7 +52,7 @@ def record_row(sample: Sample, origin_ns: int) -> dict[str, Any]:
     if sample.due_ns is not None:
         scheduled_ttft, scheduled_e2e = from_schedule(record, sample.due_ns)
     # The record's properties one by one, not its summary(): a third of the cost, on the event loop, and the
-    # same values (summary rounds each with _r's rule and takes ITL's percentiles with the same function).
+    # same values (summary rounds each with round_ms too and takes ITL's percentiles with the same function).
     return {
         "config": sample.config,
         "slice": sample.slice,
@@ -63,18 +61,18 @@ def record_row(sample: Sample, origin_ns: int) -> dict[str, Any]:
         "scheduled_s": None if sample.due_ns is None else round((sample.due_ns - origin_ns) / 1e9, 6),
         "start_s": round((record.t0_ns - origin_ns) / 1e9, 6),
         "lag_ms": round(sample.lag_ms, 3),
-        "pool_wait_ms": _r(record.pool_wait_ms),
-        "connect_ms": _r(record.connect_ms),
-        "tls_ms": _r(record.tls_ms),
-        "ttfb_ms": _r(record.ttfb_ms),
-        "ttft_ms": _r(record.ttft_ms),
-        "e2e_ms": _r(record.total_ms),
-        "scheduled_ttft_ms": _r(scheduled_ttft),
-        "scheduled_e2e_ms": _r(scheduled_e2e),
+        "pool_wait_ms": round_ms(record.pool_wait_ms),
+        "connect_ms": round_ms(record.connect_ms),
+        "tls_ms": round_ms(record.tls_ms),
+        "ttfb_ms": round_ms(record.ttfb_ms),
+        "ttft_ms": round_ms(record.ttft_ms),
+        "e2e_ms": round_ms(record.total_ms),
+        "scheduled_ttft_ms": round_ms(scheduled_ttft),
+        "scheduled_e2e_ms": round_ms(scheduled_e2e),
         "itl_mean_ms": round(sum(itl) / len(itl), 3) if itl else None,
-        "itl_ms_p50": _r(percentile(itl, 50)),
-        "itl_ms_p99": _r(percentile(itl, 99)),
-        "tpot_ms": _r(record.tpot_ms),
+        "itl_ms_p50": round_ms(percentile(itl, 50)),
+        "itl_ms_p99": round_ms(percentile(itl, 99)),
+        "tpot_ms": round_ms(record.tpot_ms),
         "chunks": len(record.chunk_ns),
         "output_tokens": record.output_tokens,
         "prompt_tokens": record.prompt_tokens,

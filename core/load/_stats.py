@@ -42,7 +42,7 @@ from typing import Any
 
 from llmchat.core.load._schedule import LagTrend, ScheduleFigures, from_schedule, schedule_lag_ms
 from llmchat.core.load._tokens import RequestTokens, TokenFigures, TokenTally
-from llmchat.core.observe import GROUPS, PARTS, Attribution, TimingRecord, attribute, percentile
+from llmchat.core.observe import GROUPS, PARTS, Attribution, TimingRecord, attribute, percentile, round_ms
 
 QUANTILES = (50, 90, 99)
 METRICS = ("pool_wait", "ttfb", "ttft", "itl", "tpot", "e2e")
@@ -391,7 +391,7 @@ class ConfigStats:
             "goodput_requests_per_s": None if self.goodput_rps is None else round(self.goodput_rps, 3),
             "slo": {"ttft_ms": self.slo.ttft_ms, "e2e_ms": self.slo.e2e_ms},
             "met_slo": self.good if self.slo.given else None,
-            "latency_ms": {m: {q: _r(v) for q, v in qs.items()} for m, qs in self.latency.items()},
+            "latency_ms": {m: {q: round_ms(v) for q, v in qs.items()} for m, qs in self.latency.items()},
             "percentiles_approximate": {"latency": list(self.approximate),
                                         "attribution": list(self.approximate_parts)},
             "http_versions": dict(self.http_versions),
@@ -403,7 +403,7 @@ class ConfigStats:
             "retries": self.retries,
             "cache_hits": self.cache_hits,
             "long_prompts": self.long_prompts,
-            "attribution": {k: {q: (_r(v) if q != "n" else v) for q, v in row.items()}
+            "attribution": {k: {q: (round_ms(v) if q != "n" else v) for q, v in row.items()}
                             for k, row in self.attribution.items()},
             "attribution_shares": {g: round(v, 4) for g, v in self.attribution_shares.items()},
             "schedule": None if self.schedule is None else self.schedule.to_json(),
@@ -598,18 +598,15 @@ def compare_rows(stats: Sequence[ConfigStats]) -> list[dict[str, Any]]:
             "config": s.name,
             "http_version": s.http_version,
             "reused_ratio": None if s.reused_ratio is None else round(s.reused_ratio, 4),
-            "p99_e2e_ms": _r(p99),
-            "p99_e2e_change_pct": _r(change_pct(base_p99, p99)),
+            "p99_e2e_ms": round_ms(p99),
+            "p99_e2e_change_pct": round_ms(change_pct(base_p99, p99)),
             "error_rate": round(s.error_rate, 6),
             "error_rate_change_pp": round((s.error_rate - first.error_rate) * 100.0, 3),
             "server_error_rate": round(s.server_error_rate, 6),
             "server_error_rate_change_pp": round((s.server_error_rate - first.server_error_rate) * 100.0, 3),
             "client_error_rate": round(s.client_error_rate, 6),
             "requests_per_s": round(s.rps, 3),
-            "requests_per_s_change_pct": _r(change_pct(first.rps, s.rps)),
+            "requests_per_s_change_pct": round_ms(change_pct(first.rps, s.rps)),
         })
     return rows
 
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)

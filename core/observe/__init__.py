@@ -29,7 +29,7 @@ from llmchat.core.observe._bus import (
 from llmchat.core.observe._coldstart import Baseline, ColdStartDetector
 from llmchat.core.observe._prometheus import LATENCY_BUCKETS, load_prometheus_client, start_exporter
 from llmchat.core.observe._requestlog import RequestLog, attach_observers
-from llmchat.core.observe._timing import Headroom, Phases, TimingRecord, percentile
+from llmchat.core.observe._timing import Headroom, Phases, TimingRecord, percentile, round_ms
 from llmchat.core.observe._window import (
     REQUEST_SERIES,
     ConnectionState,
@@ -78,6 +78,7 @@ __all__ = [
     "load_prometheus_client",
     "part_samples",
     "percentile",
+    "round_ms",
     "prices_from_settings",
     "shares_over",
     "start_exporter",

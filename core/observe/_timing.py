@@ -101,10 +101,10 @@ class Headroom:
         return {
             "limit_requests": self.limit_requests,
             "remaining_requests": self.remaining_requests,
-            "reset_requests_s": _round(self.reset_requests_s),
+            "reset_requests_s": round_ms(self.reset_requests_s),
             "limit_tokens": self.limit_tokens,
             "remaining_tokens": self.remaining_tokens,
-            "reset_tokens_s": _round(self.reset_tokens_s),
+            "reset_tokens_s": round_ms(self.reset_tokens_s),
         }
 
 
@@ -295,25 +295,25 @@ class TimingRecord:
             "http_version": self.http_version,
             "connection_reused": self.connection_reused,
             "status": self.status,
-            "model_lookup_ms": _round(self.model_lookup_ms),
-            "rate_limit_wait_ms": _round(self.limit_wait_ms),
-            "pool_wait_ms": _round(self.pool_wait_ms),
-            "connect_ms": _round(self.connect_ms),
-            "tls_ms": _round(self.tls_ms),
-            "send_ms": _round(self.send_ms),
-            "ttfb_ms": _round(self.ttfb_ms),
-            "ttft_ms": _round(self.ttft_ms),
-            "first_reasoning_ms": _round(self.first_reasoning_ms),
-            "thinking_ms": _round(self.thinking_ms),
+            "model_lookup_ms": round_ms(self.model_lookup_ms),
+            "rate_limit_wait_ms": round_ms(self.limit_wait_ms),
+            "pool_wait_ms": round_ms(self.pool_wait_ms),
+            "connect_ms": round_ms(self.connect_ms),
+            "tls_ms": round_ms(self.tls_ms),
+            "send_ms": round_ms(self.send_ms),
+            "ttfb_ms": round_ms(self.ttfb_ms),
+            "ttft_ms": round_ms(self.ttft_ms),
+            "first_reasoning_ms": round_ms(self.first_reasoning_ms),
+            "thinking_ms": round_ms(self.thinking_ms),
             "reasoning_chunks": self.reasoning_chunks,
             "tool_calls": self.tool_calls,
-            "total_ms": _round(self.total_ms),
-            "tpot_ms": _round(self.tpot_ms),
-            "itl_ms_p50": _round(percentile(itl, 50)),
-            "itl_ms_p99": _round(percentile(itl, 99)),
+            "total_ms": round_ms(self.total_ms),
+            "tpot_ms": round_ms(self.tpot_ms),
+            "itl_ms_p50": round_ms(percentile(itl, 50)),
+            "itl_ms_p99": round_ms(percentile(itl, 99)),
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
-            "tokens_per_s": _round(self.tokens_per_s),
+            "tokens_per_s": round_ms(self.tokens_per_s),
             "attempts": self.attempts,
             "retries": len(self.retries),
             "retry_log": [r.describe() for r in self.retries],
@@ -328,5 +328,6 @@ class TimingRecord:
         }
 
 
-def _round(v: float | None) -> float | None:
+def round_ms(v: float | None) -> float | None:
+    """A figure as every JSON output rounds it (records, bench summaries, CSV rows): 3 decimals, None kept."""
     return None if v is None else round(v, 3)
