@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,9 @@ import pytest
 
 from llmchat.core.config import Settings, load_settings, set_toml_keys
 from llmchat.core.diagnose import Context, Finding, Report, estimate, run_battery
+from llmchat.core.diagnose._prescribe import prescribe
+from llmchat.core.diagnose._streaming import LoopWatch, summarize, watching
+from llmchat.core.observe import TimingRecord
 from llmchat.core.server import RunningServer
 from llmchat.tui.cli import main
 from llmchat.tui.commands._doctor_report import render
@@ -97,6 +101,38 @@ def test_a_stalling_stream(server_factory: Factory) -> None:
     f = _finding(report, "streaming.stall")
     assert f.mark == "warn" and f.effect_ms is not None and 650 <= f.effect_ms <= 2000
     assert f.changes == {("ui",): {"stall_s": 0.5}}  # the HUD's 3 s badge would miss it
+
+
+def test_the_loop_watch_sees_the_process_not_running() -> None:
+    async def go() -> tuple[int, int, LoopWatch]:
+        async with watching() as watch:
+            await asyncio.sleep(0.05)
+            a = time.perf_counter_ns()
+            time.sleep(0.3)  # the event loop blocked, as a busy machine or a slow callback would
+            b = time.perf_counter_ns()
+            await asyncio.sleep(0.05)  # the watch's late wake lands after the block
+        return a, b, watch
+
+    a, b, watch = asyncio.run(go())
+    assert watch.own_ns(a, b) >= 0.8 * (b - a)
+    assert watch.own_ns(b + 40_000_000, b + 50_000_000) == 0  # after the block it ran on time
+
+
+def test_a_gap_the_machine_caused_is_not_a_server_stall() -> None:
+    ms = 1_000_000
+    record = TimingRecord(mode="stream", model="m", t0_ns=0)
+    record.first_token_ns, record.chunk_ns = 10 * ms, [10 * ms, 15 * ms, 20 * ms, 720 * ms, 725 * ms, 730 * ms]
+    record.last_token_ns, record.end_ns, record.output_tokens = 730 * ms, 731 * ms, 6
+    assert summarize([record])["stalled_streams"] == 1  # without the watch, a 700 ms gap is a stall
+    watch = LoopWatch()
+    watch.late.append((40 * ms, 700 * ms))  # the process did not run for 660 ms of it
+    m = summarize([record], watch)
+    assert m["stalled_streams"] == 0 and m["longest_own_gap_ms"] == 700.0 and m["longest_gap_ms"] == 5.0
+    report = Report(target="http://127.0.0.1:1/v1", provider="custom", model="m")
+    report.measurements["streaming"] = m
+    stall = next(f for f in prescribe(report, Settings(), scheme="http", http2_setting=False)
+                 if f.check == "streaming.stall")
+    assert stall.mark == "pass" and "700 ms was this machine's own" in stall.evidence
 
 
 def test_a_saturated_server_queues_the_parallel_burst(server_factory: Factory) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from llmchat.core.config import Http2Mode, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
 from llmchat.core.diagnose._model import Changes, Finding, Report
-from llmchat.core.diagnose._streaming import BUNCHED_MIN_MS
+from llmchat.core.diagnose._streaming import BUNCHED_MIN_MS, STALL_MIN_MS
 
 CONNECT_COST_WARN_MS = 20.0
 """A new connection that costs this much more than a reused one is worth avoiding (warm-up, HTTP/2)."""
@@ -226,7 +226,10 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
         shares = ", ".join("-" if a["span_share"] is None else f"{a['span_share'] * 100:.0f}%" for a in arrivals)
         out.append(Finding("streaming", "streaming.buffered", "pass", "chunks arrive spread over each reply",
                            f"{n} streams; chunks spanned {shares} of each reply"))
-    gap = m["longest_gap_ms"]
+    gap, own_gap = m["longest_gap_ms"], m.get("longest_own_gap_ms") or 0.0
+    # A pause while this process was not running (a busy machine) is told, never blamed on the server.
+    own = f"; a pause of {_fmt(own_gap)} was this machine's own (llmchat was not running)" \
+        if own_gap >= STALL_MIN_MS else ""
     if m["stalled_streams"]:
         need = math.ceil(READ_TIMEOUT_FACTOR * gap / 1000)
         changes: Changes = {}
@@ -237,14 +240,14 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
         out.append(Finding(
             "streaming", "streaming.stall", "warn", f"streams stall mid-reply for up to {_fmt(gap)}",
             f"{m['stalled_streams']} of {n} streams had a gap of {_fmt(gap)} between chunks (median gap "
-            f"{_fmt(_median([a['median_gap_ms'] for a in arrivals if a['median_gap_ms'] is not None]))})",
+            f"{_fmt(_median([a['median_gap_ms'] for a in arrivals if a['median_gap_ms'] is not None]))}){own}",
             effect_ms=gap, changes=changes,
             advice=("raise read_timeout_s above it" if table in changes else
                     f"read_timeout_s ({settings.http.read_timeout_s:g} s) outlasts it; the pause is the "
                     "server's or a proxy's: look at its logs, its load, its batch scheduler")))
     elif n:
         out.append(Finding("streaming", "streaming.stall", "pass", "no stalls",
-                           f"longest gap between chunks {_fmt(gap)}"))
+                           f"longest gap between chunks {_fmt(gap)}{own}"))
     ttft = m["ttft_ms"]
     slowest = max(ttft.get("p99") or 0.0, gap)
     need_s = math.ceil(READ_TIMEOUT_FACTOR * slowest / 1000)

@@ -158,8 +158,9 @@ async def _burst(ctx: Context, h2: Any) -> dict[str, Any]:
 
 
 async def _streams(ctx: Context, sink: list[Any]) -> dict[str, Any]:
-    records, _ = await _streaming.run_streams_into(ctx, sink)
-    return _streaming.summarize(records)
+    async with _streaming.watching() as watch:
+        records, _ = await _streaming.run_streams_into(ctx, sink)
+    return _streaming.summarize(records, watch)
 
 
 async def _idle(ctx: Context, warm: float | None, new_cost: float) -> dict[str, Any]:

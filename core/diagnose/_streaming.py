@@ -3,12 +3,19 @@ proxy), TTFT / ITL / TPOT distributions over a few streams, and stalls.
 
 The streams go out one after another on one client with the user's own [http] settings, so they also show
 whether the connection survives a stream (``_connection.keepalive_after_streams``). Every figure comes from
-the engine's timing record; nothing here reads a clock of its own.
+the engine's timing record, save one: while the streams run, a ``LoopWatch`` ticks on the event loop, so a gap
+between chunks during which this process itself was not running (its loop blocked, or the machine busy with
+other work) is told apart from a pause of the server or the network, and not blamed on them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import statistics
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from llmchat.core.client import ChatClient
@@ -25,6 +32,44 @@ BUNCHED_MIN_TOKENS = 6
 STALL_MIN_MS = 500.0
 STALL_FACTOR = 8.0
 """A gap between chunks is a stall when it is at least STALL_MIN_MS and STALL_FACTOR times the median gap."""
+WATCH_PERIOD_S = 0.02
+"""How often the LoopWatch wakes: late wakes mark the spans when this process was not running."""
+OWN_SHARE = 0.5
+"""A gap is this machine's own when the watch was late for at least this share of it."""
+
+
+class LoopWatch:
+    """Spans (perf_counter_ns start, end) when the event loop woke late: the process was blocked or not
+    scheduled, so anything it stamped in that span (a chunk's arrival) was stamped late."""
+
+    def __init__(self, period_s: float = WATCH_PERIOD_S) -> None:
+        self._period_ns = int(period_s * 1e9)
+        self.late: list[tuple[int, int]] = []
+
+    async def run(self) -> None:
+        due = time.perf_counter_ns() + self._period_ns
+        while True:
+            await asyncio.sleep(self._period_ns / 1e9)
+            now = time.perf_counter_ns()
+            if now - due > self._period_ns:  # a wake later than one period is lost time, not timer jitter
+                self.late.append((due, now))
+            due = now + self._period_ns
+
+    def own_ns(self, start_ns: int, end_ns: int) -> int:
+        """How much of [start_ns, end_ns] this process spent not running."""
+        return sum(max(0, min(end_ns, b) - max(start_ns, a)) for a, b in self.late)
+
+
+@contextlib.asynccontextmanager
+async def watching() -> AsyncIterator[LoopWatch]:
+    watch = LoopWatch()
+    task = asyncio.create_task(watch.run())
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def one_stream(client: ChatClient, ctx: Context, *, prompt: str = PROMPT) -> tuple[TimingRecord, str | None]:
@@ -62,10 +107,14 @@ async def run_streams_into(ctx: Context, records: list[TimingRecord], n: int = S
     return records, errors
 
 
-def _arrival(record: TimingRecord) -> dict[str, Any]:
+def _arrival(record: TimingRecord, watch: LoopWatch | None) -> dict[str, Any]:
     total, chunks = record.total_ms, record.chunk_ns
     span = (chunks[-1] - chunks[0]) / 1e6 if len(chunks) > 1 else 0.0
-    gaps = record.itl_ms
+    gaps: list[float] = []
+    own: list[float] = []
+    for a, b in itertools.pairwise(chunks):
+        # A gap the process spent mostly not running was this machine's: the chunk may have waited in the socket.
+        (own if watch and watch.own_ns(a, b) >= OWN_SHARE * (b - a) else gaps).append((b - a) / 1e6)
     return {
         "chunks": len(chunks),
         "tokens": record.output_tokens,
@@ -75,6 +124,7 @@ def _arrival(record: TimingRecord) -> dict[str, Any]:
         "span_share": None if not total else round(span / total, 4),
         "max_gap_ms": round_ms(max(gaps)) if gaps else None,
         "median_gap_ms": round_ms(statistics.median(gaps)) if gaps else None,
+        "own_max_gap_ms": round_ms(max(own)) if own else None,
         "server_span_ms": _server_span(record),
         "headers_to_first_token_ms": None if record.ttfb_ms is None or record.ttft_ms is None
         else round(record.ttft_ms - record.ttfb_ms, 3),
@@ -103,13 +153,14 @@ def stalled(a: dict[str, Any]) -> bool:
     return gap is not None and gap >= STALL_MIN_MS and gap >= STALL_FACTOR * max(median or 0.0, 1.0)
 
 
-def summarize(records: list[TimingRecord]) -> dict[str, Any]:
-    """Distributions and the arrival pattern of each stream, JSON-ready."""
+def summarize(records: list[TimingRecord], watch: LoopWatch | None = None) -> dict[str, Any]:
+    """Distributions and the arrival pattern of each stream, JSON-ready. With the ``watch`` that ran beside
+    them, gaps this process spent not running are kept apart (``own_max_gap_ms``), never counted as stalls."""
     ok = [r for r in records if r.error is None and r.first_token_ns is not None]
     ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     itl = [g for r in ok for g in r.itl_ms]
     tpot = [r.tpot_ms for r in ok if r.tpot_ms is not None]
-    arrivals = [_arrival(r) for r in ok]
+    arrivals = [_arrival(r, watch) for r in ok]
     return {
         "streams": len(records),
         "succeeded": len(ok),
@@ -120,6 +171,7 @@ def summarize(records: list[TimingRecord]) -> dict[str, Any]:
         "bunched_streams": sum(bunched(a) for a in arrivals),
         "stalled_streams": sum(stalled(a) for a in arrivals),
         "longest_gap_ms": max((a["max_gap_ms"] or 0.0 for a in arrivals), default=0.0),
+        "longest_own_gap_ms": max((a["own_max_gap_ms"] or 0.0 for a in arrivals), default=0.0),
     }
 
 
