@@ -26,7 +26,7 @@ COMMANDS: dict[str, list[str]] = {
     "llmchat ask --help": [str(BIN / "llmchat"), "ask", "--help"],
     "llmchat serve --help": [str(BIN / "llmchat"), "serve", "--help"],
 }
-WATCHED = ("hypercorn", "textual", "llmchat.core.server._run", "llmchat.tui.app", "locust", "prometheus_client")
+WATCHED = ("hypercorn", "textual", "llmchat.core.server._start", "llmchat.tui.app", "locust", "prometheus_client")
 
 
 def wall_ms(argv: list[str]) -> float:

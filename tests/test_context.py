@@ -18,7 +18,7 @@ import pytest
 
 from llmchat.core import ChatClient, HTTPStatusError, ProviderSettings, Settings
 from llmchat.core.client import ContextBudget, ContextOverflowError, estimate_tokens
-from llmchat.core.client._context import parse_windows, tokenize_url
+from llmchat.core.client._fit import parse_windows, tokenize_url
 from llmchat.core.http import (
     AttachmentError,
     message_content,

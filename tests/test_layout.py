@@ -93,7 +93,7 @@ def test_ask_imports_neither_the_server_nor_hypercorn_nor_textual() -> None:
         "import sys; from llmchat.tui.cli import parse_args; parse_args(['ask', 'hi']); "
         "import llmchat.tui.commands.ask; "
         "print(sorted({m.split('.')[0] if not m.startswith('llmchat') else m for m in sys.modules "
-        "if m.startswith(('hypercorn', 'textual', 'llmchat.core.server._run', 'llmchat.tui.app'))}))"
+        "if m.startswith(('hypercorn', 'textual', 'llmchat.core.server._start', 'llmchat.tui.app'))}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -141,3 +141,14 @@ def test_every_package_folder_is_installed() -> None:
         for init in (root / top).rglob("__init__.py")
     }
     assert folders == listed, f"pyproject's packages lack {sorted(folders - listed)}, list {sorted(listed - folders)}"
+
+
+def test_no_two_engine_modules_share_a_name() -> None:
+    # A name says what a module holds: two `_run.py` in core/ would hold two different things under one word,
+    # and a traceback or a grep would not say which. (Package `__init__` and `__main__` are the exception.)
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, f"modules of one name in core/: {shared}; name each for what it holds"

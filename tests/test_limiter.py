@@ -17,7 +17,7 @@ from llmchat.core.load import read_jobs, run_jobs
 from llmchat.core.observe import Headroom, RateLimitHeld, RequestDone, TimingRecord, attribute
 from llmchat.core.policy import ProviderLimiter, RateLimits, request_charge
 from llmchat.core.policy._limiter import NEAR_S
-from llmchat.core.server._run import RunningServer
+from llmchat.core.server._start import RunningServer
 
 Factory = Callable[..., RunningServer]
 MODEL = "llmchat-local"

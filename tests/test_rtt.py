@@ -281,7 +281,7 @@ def test_serve_with_rtt_announces_it_and_serves_through_the_proxy() -> None:
 
 
 def test_serve_ready_line_names_the_rtt(capsys: pytest.CaptureFixture[str]) -> None:
-    from llmchat.core.server._run import Listening
+    from llmchat.core.server._start import Listening
 
     assert Listening("127.0.0.1", 1, "http", None, 50.0).line.endswith("(http/1.1, h2c, rtt 50 ms)")
     assert Listening("127.0.0.1", 1, "http", None).line.endswith("(http/1.1, h2c)")

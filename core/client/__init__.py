@@ -5,7 +5,7 @@ server's /metrics, and fitting a conversation into the model's context window.
 from __future__ import annotations
 
 from llmchat.core.client._client import ChatClient, ChatReply, ChatStream, endpoint_from_settings
-from llmchat.core.client._context import (
+from llmchat.core.client._fit import (
     MESSAGE_TOKENS,
     REPLY_TOKENS,
     ContextBudget,

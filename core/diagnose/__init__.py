@@ -9,10 +9,10 @@ signals; this package only decides what to send and what the numbers mean.
 
 from __future__ import annotations
 
-from llmchat.core.diagnose._context import Context
-from llmchat.core.diagnose._model import SECTION_TITLES, SECTIONS, Changes, Estimate, Finding, Mark, Report
+from llmchat.core.diagnose._battery import DEFAULT_BUDGET_REQUESTS, DEFAULT_BUDGET_S, estimate, run_battery
+from llmchat.core.diagnose._budget import Context
+from llmchat.core.diagnose._findings import SECTION_TITLES, SECTIONS, Changes, Estimate, Finding, Mark, Report
 from llmchat.core.diagnose._prescribe import toml_snippet
-from llmchat.core.diagnose._run import DEFAULT_BUDGET_REQUESTS, DEFAULT_BUDGET_S, estimate, run_battery
 
 __all__ = [
     "Changes",

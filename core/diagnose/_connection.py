@@ -15,7 +15,7 @@ from typing import Any
 
 from llmchat.core.client import ChatClient
 from llmchat.core.config import Http2Mode
-from llmchat.core.diagnose._context import Context
+from llmchat.core.diagnose._budget import Context
 from llmchat.core.observe import Phases, TimingRecord
 
 REUSE_PROBES = 3

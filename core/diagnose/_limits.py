@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import llmchat.core.http._openai as wire
-from llmchat.core.diagnose._context import PROMPT, Context
+from llmchat.core.diagnose._budget import PROMPT, Context
 from llmchat.core.diagnose._path import PROXY_HEADERS, clock_skew_s
 from llmchat.core.errors import APIError
 from llmchat.core.observe import Phases, TimingRecord

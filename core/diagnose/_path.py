@@ -16,7 +16,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from llmchat.core.config import mask_url
-from llmchat.core.diagnose._context import Context
+from llmchat.core.diagnose._budget import Context
 from llmchat.core.errors import APIError
 from llmchat.core.observe import Phases
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmchat.core.config import Http2Mode, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
-from llmchat.core.diagnose._model import Changes, Finding, Report
+from llmchat.core.diagnose._findings import Changes, Finding, Report
 from llmchat.core.diagnose._streaming import BUNCHED_MIN_MS, STALL_MIN_MS
 
 CONNECT_COST_WARN_MS = 20.0

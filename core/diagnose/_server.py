@@ -13,7 +13,7 @@ import statistics
 from typing import Any
 
 from llmchat.core.client import ServerSignals
-from llmchat.core.diagnose._context import PROMPT, Context
+from llmchat.core.diagnose._budget import PROMPT, Context
 from llmchat.core.diagnose._streaming import one_stream
 from llmchat.core.observe import Attribution, TimingRecord, shares_over
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from llmchat.core.client import ChatClient
-from llmchat.core.diagnose._context import PROMPT, Context, OutOfBudget
+from llmchat.core.diagnose._budget import PROMPT, Context, OutOfBudget
 from llmchat.core.errors import APIError
 from llmchat.core.observe import TimingRecord, percentile, round_ms
 

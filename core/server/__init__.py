@@ -29,14 +29,14 @@ from llmchat.core.server._subprocess import SubprocessServer, start_subprocess
 if TYPE_CHECKING:
     from llmchat.core.server._metrics import ServerMetrics
     from llmchat.core.server._proxy import DelayProxy, Target, run_proxy
-    from llmchat.core.server._run import Listening, RunningServer, serve, start_in_thread
+    from llmchat.core.server._start import Listening, RunningServer, serve, start_in_thread
 
 #: name -> the module that holds it, imported when the name is first asked for.
 _LAZY = {
-    "Listening": "llmchat.core.server._run",
-    "RunningServer": "llmchat.core.server._run",
-    "serve": "llmchat.core.server._run",
-    "start_in_thread": "llmchat.core.server._run",
+    "Listening": "llmchat.core.server._start",
+    "RunningServer": "llmchat.core.server._start",
+    "serve": "llmchat.core.server._start",
+    "start_in_thread": "llmchat.core.server._start",
     "ServerMetrics": "llmchat.core.server._metrics",
     "DelayProxy": "llmchat.core.server._proxy",
     "Target": "llmchat.core.server._proxy",

@@ -2,7 +2,7 @@
 
 Routes: ``GET /health``, ``GET /metrics`` (Prometheus text, like vLLM's and llama.cpp's), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /tokenize`` (see
-``_context``), and the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
+``_tokenize``), and the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
 OpenAI's own API runs them: the body is read (413 past 1 MiB), then the key (401), the rate limit (429), the
 body's fields (400) and model (404), then the error dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
@@ -22,13 +22,13 @@ from llmchat.core.config import ServerSettings
 from llmchat.core.server._batches import FILE_MAX_BODY, BatchEmulator
 from llmchat.core.server._chat import ChatResponder
 from llmchat.core.server._connections import ConnectionRegistry
-from llmchat.core.server._context import check_request, model_meta, tokenize_body
 from llmchat.core.server._embeddings import embed, encode_base64
 from llmchat.core.server._encode import dumps, timing
 from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import MAX_BODY, ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
 from llmchat.core.server._replies import chat_charge, count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
+from llmchat.core.server._tokenize import check_request, model_meta, tokenize_body
 
 Handler = Callable[[Exchange], Awaitable[None]]
 

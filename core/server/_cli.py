@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     returns 0 after a clean shutdown. Raises LLMChatError (UsageError for a bad value) with one line."""
     from llmchat.core.observe._prometheus import MetricsServer
     from llmchat.core.server._metrics import ServerMetrics
-    from llmchat.core.server._run import serve
+    from llmchat.core.server._start import serve
 
     settings = resolve_settings(config_values(args.config), flag_values(args))
     metrics, exposed = None, None

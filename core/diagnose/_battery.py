@@ -17,8 +17,8 @@ from typing import Any
 from llmchat.core.client import ServerSignals
 from llmchat.core.config import mask_url
 from llmchat.core.diagnose import _connection, _limits, _path, _server, _streaming
-from llmchat.core.diagnose._context import PROMPT_TOKENS, Context, OutOfBudget
-from llmchat.core.diagnose._model import Estimate, Report
+from llmchat.core.diagnose._budget import PROMPT_TOKENS, Context, OutOfBudget
+from llmchat.core.diagnose._findings import Estimate, Report
 from llmchat.core.diagnose._prescribe import h2_setting, prescribe
 from llmchat.core.errors import APIError
 from llmchat.core.observe import prices_from_settings
