@@ -107,6 +107,25 @@ def test_textual_screen_timer_update_is_what_the_metrics_benchmark_times() -> No
     require_parameters("textual", hook, ["self"], user=user, fix=fix)
 
 
+def test_textual_footer_key_is_still_the_widget_our_footer_relabels() -> None:
+    # Footer.compose yields FooterKey widgets; tui/widgets/footer.py reads their key and key_display, writes a
+    # shorter description before they mount, and finds the palette's key by its class. There is no public
+    # seam for "one label per key that fits": Footer has no hook between its bindings and its widgets.
+    module = pytest.importorskip("textual.widgets._footer")
+    user = "tui/widgets/footer.py:KeyFooter (short labels so every key fits the width)"
+    fix = "Find where Textual's Footer now makes a widget per key and relabel those in KeyFooter.compose."
+    key = require("textual", module, "FooterKey", user=user, fix=fix)
+    require_parameters("textual", key.__init__, ["self", "key", "key_display", "description", "action",
+                                                 "disabled", "tooltip", "classes"], user=user, fix=fix)
+    assert {"key", "key_display", "description"} <= _fields_set_by(key.__init__), _gone(
+        "textual", "FooterKey's key / key_display / description attributes", user, fix)
+    from textual.widgets import Footer
+
+    assert "-command-palette" in inspect.getsource(Footer.compose), _gone(
+        "textual", "the -command-palette class on Footer's palette key", user, fix)
+    require("textual", Footer, "compact", user=user, fix=fix)
+
+
 # -- Rich ---------------------------------------------------------------------------------------------------
 
 

@@ -196,7 +196,9 @@ async def test_a_goaway_lets_the_streams_it_names_finish(server_factory: Factory
 
 async def test_requests_the_server_did_not_take_are_sent_again_at_once(server_factory: Factory) -> None:
     # A server that takes one request per connection; three go out together on a fresh connection: it takes
-    # the first and names it in its GOAWAY, the other two were sent before the client could know.
+    # the first and names it in its GOAWAY; a request whose HEADERS went out before the client could know is
+    # sent again at once (reason goaway); one still waiting for a stream when the connection closed was never
+    # sent, and the pool gives it another connection with no retry at all.
     server = server_factory(profile="instant", max_requests_per_connection=1)
     async with _client(server) as client:
         replies = await asyncio.wait_for(
@@ -204,7 +206,8 @@ async def test_requests_the_server_did_not_take_are_sent_again_at_once(server_fa
         )
     assert len({r.text for r in replies}) == 1 and all(r.text for r in replies)
     retried = [r.record for r in replies if r.record.retries]
-    assert len(retried) >= 2
+    assert len(retried) >= 1
+    assert sum(not r.record.connection_reused for r in replies) >= 2  # the first, and at least one elsewhere
     for record in retried:
         assert [e.reason for e in record.retries] == ["goaway"] * len(record.retries)
         assert record.retries[0].wait_source == "immediate" and record.retries[0].wait_s == 0

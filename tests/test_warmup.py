@@ -10,7 +10,6 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import certifi
 import peers as P
 import pytest
 
@@ -28,6 +27,7 @@ from llmchat.core import (
 from llmchat.core.http._transport import _ssl_context
 from llmchat.core.observe._timing import Phases
 from llmchat.core.server import RunningServer
+from llmchat.core.server._tls import self_signed
 
 Factory = Callable[..., RunningServer]
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -264,11 +264,15 @@ async def test_new_pools_share_one_tls_context_that_follows_ssl_cert_file(
             reply = await client.complete(MESSAGES, max_tokens=2)
         assert reply.record.tls_ms is not None and reply.record.http_version == "HTTP/2"
 
-    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())  # real CAs, but not the server's own
-    assert _ssl_context(HttpSettings()) is not shared
-    async with ChatClient(base_url=tls_server.base_url, model=MODEL, use_cache=False) as client:
-        with pytest.raises(TLSError):
-            await client.complete(MESSAGES, max_tokens=2)
+    other = self_signed()  # a real CA certificate, but not the server's own
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", other.trust_path)
+        assert _ssl_context(HttpSettings()) is not shared
+        async with ChatClient(base_url=tls_server.base_url, model=MODEL, use_cache=False) as client:
+            with pytest.raises(TLSError):
+                await client.complete(MESSAGES, max_tokens=2)
+    finally:
+        other.cleanup()
 
     missing = tmp_path / "no-such-bundle.pem"
     monkeypatch.setenv("SSL_CERT_FILE", str(missing))

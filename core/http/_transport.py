@@ -3,9 +3,12 @@ the mapping of the HTTP stack's exceptions to llmchat's errors.
 
 This is the only module that imports the HTTP stack (httpx, httpcore, h2, h11; tests/test_layout.py says
 so): everything above sees the ``HTTPTransport`` protocol (``_interface``), ``WireResponse`` and llmchat's own
-errors, never httpx types, so a fork or another client replaces this module and nothing else. httpx2
-(pydantic's API-compatible fork, on httpcore2) is measured against httpx 0.28.1 in
-benchmarks/client_overhead.py; the httpcore private names the classes below use are pinned by
+errors, never httpx types, so a fork or another client replaces this module and nothing else. The stack stays
+httpx 0.28.1. httpx2 (pydantic's API-compatible fork, on httpcore2) was tried here: with these two imports
+swapped the whole suite passes, and this transport on it spends ~16 % less CPU per request; but at 100
+concurrent HTTP/2 streams it holds each reply's first token back twice as long after it arrives (p50 78 ms
+against 38 ms, 10 streams 5.3 against 4.0 ms, benchmarks/client_overhead.py), which is the figure `llmchat
+bench` exists to report truly. The httpcore private names the classes below use are pinned by
 tests/test_transport_lifecycle.py, which says which one moved if a stack release (or the fork) drops one.
 
 HTTP versions: ``http2 = true`` offers h2 by ALPN over https and stays on HTTP/1.1 over plain http (Ollama,
@@ -97,7 +100,7 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
     try:
         return _default_context(bool(http.http2), http.trust_env, file, folder)
     except (OSError, ssl.SSLError) as exc:
-        where = f"SSL_CERT_FILE={file}" if file else f"SSL_CERT_DIR={folder}" if folder else "certifi's CAs"
+        where = f"SSL_CERT_FILE={file}" if file else f"SSL_CERT_DIR={folder}" if folder else "the system's CAs"
         raise errors.ConfigError(
             f"cannot load the CA certificates from {where} ({exc.__class__.__name__}: "
             f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set "
@@ -255,6 +258,23 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
 
     def _draining(self) -> bool:
         return self._goaway is not None or super()._draining()
+
+    def handle_async_request(
+        self, request: httpcore.Request
+    ) -> Coroutine[Any, Any, httpcore.Response]:
+        return self._send_or_reassign(super().handle_async_request(request))
+
+    async def _send_or_reassign(self, sending: Coroutine[Any, Any, httpcore.Response]) -> httpcore.Response:
+        try:
+            return await sending
+        except httpcore.LocalProtocolError:
+            # A request assigned here before the connection began draining waited for a stream (the server
+            # allows one until its SETTINGS say more) while the last stream it took ended and the connection
+            # closed: h2 refuses its HEADERS, so nothing of it was sent, and the pool gives it another
+            # connection at once.
+            if self._draining() and self.is_closed():
+                raise httpcore.ConnectionNotAvailable() from None
+            raise
 
     # httpcore keeps a GOAWAY here and, once it is set, fails every stream on the connection before each
     # read, the server's last one and those before it included. It is kept in _goaway instead.
