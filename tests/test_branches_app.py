@@ -12,8 +12,10 @@ from llmchat.core import ChatClient
 from llmchat.core.history._store import HistoryStore
 from llmchat.core.server import RunningServer
 from llmchat.tui.app import ChatApp, make_app
+from llmchat.tui.numbers import duration
 from llmchat.tui.screens.search import SearchScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
+from llmchat.tui.widgets.hud import Hud
 
 
 def _app(server: RunningServer, tmp_path: Path, **kw: object) -> ChatApp:
@@ -55,6 +57,20 @@ async def test_regenerate_then_switch_between_the_two_replies(local_server: Runn
         assert [m.id for m in (await app.store.load(app.conversation_id)).messages][-1] == first_id
         await pilot.press("alt+right")
         await _until(pilot, lambda: _shown(app)[-1].message_id == second.message_id)
+        # The HUD compares the two replies from their stored records, the one on screen marked.
+        hud = app.query_one(Hud)
+        await _until(pilot, lambda: len(hud.alternatives.shown) == 2 and hud.alternatives.shown[1].startswith("▸ 2/2"))
+        lines = hud.alternatives.shown
+        assert len(lines) == 2 and lines[0].startswith("  1/2  ") and hud.alternatives_title.display
+        assert first_id is not None and second.message_id is not None
+        records = await app.store.records([first_id, second.message_id])
+        for line, msg_id in zip(lines, (first_id, second.message_id), strict=True):
+            record = records[msg_id]
+            assert record is not None and duration(record["ttft_ms"]) in line and duration(record["total_ms"]) in line
+        # A new prompt's reply has no alternatives: the comparison goes.
+        third = await _send(pilot, app, "and another thing")
+        await _until(pilot, lambda: third.is_final)
+        assert not hud.alternatives.display and not hud.alternatives_title.display
 
 
 async def test_edit_an_earlier_prompt_and_branch(local_server: RunningServer, tmp_path: Path) -> None:

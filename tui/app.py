@@ -990,6 +990,8 @@ class ChatApp(BranchActions, App[None]):
         watch = RequestWatch(stall_s=self.settings.ui.stall_s, cancel_key=self._cancel_key,
                              label=client.model)
         reply.follow(watch)
+        if alternative_to is None:
+            self.query_one(Hud).compare_alternatives([], 0)  # a new prompt: the last comparison is not about it
         extras: ReplyExtras | None = None
         calls: list[dict[str, Any]] = []
         try:
@@ -1084,6 +1086,9 @@ class ChatApp(BranchActions, App[None]):
                     )
                 except HistoryError as exc:
                     self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)
+            if alternative_to is not None and self.is_running:
+                # A regenerated or re-asked reply is compared with the ones before it in the HUD.
+                await self.compare_alternatives(reply)
 
 
 def make_app(

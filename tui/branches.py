@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from llmchat.core.history import HistoryError
 from llmchat.tui.screens.search import SearchScreen
 from llmchat.tui.widgets.chat import ChatMessage, Conversation, PromptInput, UserMessage
+from llmchat.tui.widgets.hud import Hud
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -169,6 +170,22 @@ class BranchActions(_Base):
         if position < len(shown):
             view.select(shown[position])
             self.notify(f"alternative {shown[position].marker}", timeout=2)
+            await self.compare_alternatives(shown[position])
+
+    async def compare_alternatives(self, message: ChatMessage | UserMessage) -> None:
+        """The HUD shows the replies to ``message``'s prompt side by side, from the records history kept; for a
+        message without alternatives (or a user message) it hides the comparison."""
+        hud = self.query_one(Hud)
+        ids = message.alternatives if isinstance(message, ChatMessage) else ()
+        if len(ids) < 2 or message.message_id not in ids:
+            hud.compare_alternatives([], 0)
+            return
+        try:
+            records = await self.store.records(ids)
+        except HistoryError:
+            hud.compare_alternatives([], 0)  # the comparison is a view of history: none without it
+            return
+        hud.compare_alternatives([records.get(i) for i in ids], ids.index(message.message_id))
 
     # -- search ---------------------------------------------------------------------------------------------
     def action_search(self) -> None:

@@ -1,9 +1,10 @@
 """Limits and errors: rate-limit headroom from the x-ratelimit-* headers, the retries the battery needed and
 why, and the shapes of the errors it met.
 
-The timing record does not carry response headers on this branch, so the headers are read here from one
-whole reply sent through the engine's transport (POST /chat/completions, ``max_tokens`` 1): the same reply
-gives the proxy headers (``Via`` and kin) and the server's ``Date`` for ``_path``.
+The timing record keeps only the rate-limit headroom of a reply (``TimingRecord.headroom``), not its other
+headers, so the headers are read here from one whole reply sent through the engine's transport (POST
+/chat/completions, ``max_tokens`` 1): the same reply gives the proxy headers (``Via`` and kin) and the
+server's ``Date`` for ``_path``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -430,6 +430,14 @@ class Database:
                     for msg_id in branch_ids(parents, row[13])]
         return Conversation(info=_info(row[:7]), system_prompt=str(row[7]), messages=messages,
                             origin=_origin(row[8]), base_url=str(row[9]), generation=_generation(row[10:13]))
+
+    def records(self, ids: Sequence[int]) -> dict[int, dict[str, Any] | None]:
+        """The timing record of each message in ``ids`` that exists (None for a message without one)."""
+        if not ids:
+            return {}
+        marks = ", ".join("?" * len(ids))
+        rows = self.conn.execute(f"SELECT id, record FROM messages WHERE id IN ({marks})", tuple(ids)).fetchall()
+        return {int(i): _record(r) for i, r in rows}
 
     def _links(self, conv_id: int) -> list[tuple[int, int | None]]:
         return [(int(i), None if p is None else int(p)) for i, p in self.conn.execute(

@@ -275,6 +275,10 @@ class HistoryStore:
         await self._run(self._db.select, conv_id, msg_id)
         return await self.load(conv_id)
 
+    async def records(self, ids: Sequence[int]) -> dict[int, dict[str, Any] | None]:
+        """The stored timing record of each message in ``ids`` (a reply's alternatives, to compare them)."""
+        return await self._run(self._db.records, list(ids))
+
     async def search(self, text: str, *, limit: int = 50) -> list[SearchHit]:
         """Up to ``limit`` messages of any conversation (every branch) that hold every word of ``text``, the
         last word as a prefix, best match (BM25) first, each with a highlighted snippet. [] for text

@@ -10,7 +10,8 @@ a fixed height and is updated with ``layout=False``, so no repaint re-lays out t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -23,6 +24,8 @@ from llmchat.core.client import ContextFit
 from llmchat.core.config import UISettings
 from llmchat.core.observe import Bus, Metrics, prices_from_settings
 from llmchat.tui.numbers import plural
+from llmchat.tui.widgets.hud._alternatives import TITLE as ALTERNATIVES_TITLE
+from llmchat.tui.widgets.hud._alternatives import AlternativesLines
 from llmchat.tui.widgets.hud._attribution import AttributionPanel
 from llmchat.tui.widgets.hud._charts import HudCharts
 from llmchat.tui.widgets.hud._connection import ConnectionPanel, Endpoint
@@ -108,6 +111,9 @@ class Hud(VerticalScroll, can_focus=True):
         self.charts_title = Static(self._charts_title(), classes="hud-title")
         self.charts = HudCharts(id="hud-charts")
         self.waterfall = Waterfall(id="hud-waterfall")
+        self.alternatives_title = Static(ALTERNATIVES_TITLE, classes="hud-title")
+        self.alternatives_title.display = False
+        self.alternatives = AlternativesLines(id="hud-alternatives")
         self.attribution = AttributionPanel(id="hud-attribution")
         self.stats = HudStats(with_cost=bool(self.metrics.prices), id="hud-stats")
         self.lag_line = RenderLagLine(id="hud-lag")
@@ -132,6 +138,8 @@ class Hud(VerticalScroll, can_focus=True):
             yield self.charts
             yield Static("last request", classes="hud-title")
             yield self.waterfall
+            yield self.alternatives_title
+            yield self.alternatives
             yield Static("where the time went", classes="hud-title")
             yield self.attribution
             yield Static("figures", classes="hud-title")
@@ -139,6 +147,12 @@ class Hud(VerticalScroll, can_focus=True):
             # Last: on a 45-row terminal the parts above already fill the panel (a cancel's attribution
             # wraps to several lines), and the counters there matter more at a glance.
             yield self.context_line
+
+    def compare_alternatives(self, records: Sequence[Mapping[str, Any] | None], current: int) -> None:
+        """Show a prompt's replies side by side (their stored records, oldest first; ``current`` on screen);
+        fewer than two hides the comparison."""
+        self.alternatives.show(records, current)
+        self.alternatives_title.display = self.alternatives.display
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
