@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import h2.connection
+import h11
+import h11._readers
 import httpcore
 import httpx
 import pytest
@@ -64,7 +67,15 @@ def test_the_private_names_the_transport_relies_on_are_still_there() -> None:
         "_response_closed",
         "_write_outgoing_data",
     )
-    has(httpcore.AsyncHTTP11Connection, "_response_closed")
+    has(httpcore.AsyncHTTP11Connection, "_response_closed", "_receive_response_body", "READ_NUM_BYTES")
+    # The chunked body read in _H11Connection: httpcore's body loop takes (self, request) and reads through
+    # _network_stream; h11 keeps its body reader and buffer here, and a chunk's progress in the reader.
+    assert list(inspect.signature(httpcore.AsyncHTTP11Connection._receive_response_body).parameters) == [
+        "self", "request"]
+    h1 = httpcore.AsyncHTTP11Connection(httpcore.Origin(b"http", b"127.0.0.1", 9), stream=None)  # type: ignore[arg-type]
+    has(h1, "_h11_state", "_network_stream")
+    has(h11.Connection(h11.CLIENT), "_reader", "_receive_buffer")
+    has(h11._readers.ChunkedReader(), "_bytes_in_chunk", "_bytes_to_discard", "_reading_trailer")
     # h2 dispatches each frame through a table of bound methods built in __init__: the GOAWAY entry must be
     # the override, or h2 closes its state machine on a GOAWAY again.
     state = T._GracefulH2State(config=h2.config.H2Configuration(client_side=True))

@@ -26,7 +26,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h11
+import h11._readers
 import httpcore
 import httpx
 
@@ -351,12 +352,127 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
 
 
 class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
-    """httpcore's HTTP/1.1 connection that closes after ``max_requests`` responses (0: never)."""
+    """httpcore's HTTP/1.1 connection that closes after ``max_requests`` responses (0: never), and reads a
+    chunked body itself (see ``_receive_response_body``)."""
 
     async def _response_closed(self) -> None:
         await super()._response_closed()
         if self._draining() and not self.is_closed():
             await self.aclose()
+
+    async def _receive_response_body(self, request: httpcore.Request) -> AsyncIterator[bytes]:
+        # A streamed reply is a chunked body of one small chunk per token: h11 spends two events, a state
+        # machine step and a regex on each (about a third of the client's CPU per chunk at 100 streams, see
+        # benchmarks/paced.py). Here the chunks are cut from the network reads directly and each read's data
+        # goes up in one piece. h11 keeps the message's framing: it reads the headers, whatever came with
+        # them, and from the last chunk on (the zero-size one, trailers and the end of the message, so the
+        # connection is reused exactly as before); anything that is not a plain chunk-size line goes back to
+        # h11 too, at a chunk boundary, and fails there with h11's own error.
+        state = self._h11_state
+        reader = state._reader
+        if type(reader) is not _ChunkedReader:
+            async for piece in super()._receive_response_body(request):
+                yield piece
+            return
+        while True:  # what h11 already holds, to a chunk boundary
+            with _h11_errors():
+                event = state.next_event()
+            if event is h11.NEED_DATA:
+                break
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage) or event is h11.PAUSED:
+                return
+        if reader._reading_trailer or len(state._receive_buffer):
+            async for piece in super()._receive_response_body(request):  # within a size line: h11 goes on
+                yield piece
+            return
+        # Within a chunk (a read that ended inside one), its rest is read here, and h11 resumes at a boundary.
+        body = _Chunks(left=reader._bytes_in_chunk, crlf=len(reader._bytes_to_discard))
+        reader._bytes_in_chunk, reader._bytes_to_discard = 0, b""
+        timeout = request.extensions.get("timeout", {}).get("read")
+        while True:
+            data = await self._network_stream.read(self.READ_NUM_BYTES, timeout=timeout)
+            if not data:
+                state.receive_data(b"")  # h11 says what an early end of the body is
+                break
+            piece, rest = body.feed(data)
+            if piece:
+                yield piece
+            if rest is not None:
+                state.receive_data(rest)
+                break
+        async for piece in super()._receive_response_body(request):
+            yield piece
+
+
+_ChunkedReader = h11._readers.ChunkedReader
+_CHUNK_LINE_MAX = 4096
+"""The longest chunk-size line (with extensions) read here; a longer one goes to h11, which has its limit."""
+
+
+@contextlib.contextmanager
+def _h11_errors() -> Iterator[None]:
+    # As httpcore maps them around h11 (``map_exceptions``): the transport classifies httpcore's types.
+    try:
+        yield
+    except h11.RemoteProtocolError as exc:
+        raise httpcore.RemoteProtocolError(exc) from exc
+
+
+class _Chunks:
+    """A chunked body's data cut from its bytes as they arrive, up to the first line that is not a plain
+    non-zero chunk size (the last chunk, or something h11 should judge)."""
+
+    def __init__(self, *, left: int = 0, crlf: int = 0) -> None:
+        self._buffer = bytearray()
+        self._left = left  # bytes of the current chunk still to come
+        self._crlf = crlf  # bytes of the CRLF after it still to come
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """The data in ``data`` (with what was buffered), and, once a line for h11 is reached, every byte
+        from that line on (else None)."""
+        buf = self._buffer
+        buf += data
+        out = bytearray()
+        pos, end = 0, len(buf)
+        while pos < end:
+            if self._left:
+                take = min(self._left, end - pos)
+                out += buf[pos:pos + take]
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._crlf = 2
+                continue
+            if self._crlf:
+                take = min(self._crlf, end - pos)
+                if buf[pos:pos + take] != b"\r\n"[2 - self._crlf:2 - self._crlf + take]:
+                    raise httpcore.RemoteProtocolError("malformed chunk footer in the response body")
+                pos += take
+                self._crlf -= take
+                continue
+            eol = buf.find(b"\r\n", pos, pos + _CHUNK_LINE_MAX)
+            if eol < 0:
+                if end - pos >= _CHUNK_LINE_MAX:
+                    return bytes(out), bytes(buf[pos:])
+                break
+            size = _chunk_size(bytes(buf[pos:eol]))
+            if not size:  # the last chunk, or not a size line: from here on h11 reads it
+                return bytes(out), bytes(buf[pos:])
+            self._left = size
+            pos = eol + 2
+        del buf[:pos]
+        return bytes(out), None
+
+
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size (its extensions ignored, as h11 does); 0 for the last chunk or a line that is
+    not a plain hexadecimal size."""
+    size = line.split(b";", 1)[0].rstrip(b" \t")
+    if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+        return 0
+    return int(size, 16)
 
 
 class _Connection(httpcore.AsyncHTTPConnection):
