@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_client_errors import MESSAGES, client, drain, isolated_env
 
 from llmchat.core import StreamCutError
-from llmchat.core.http._transport import _chunk_size, _Chunks
+from llmchat.core.http._transport import _CHUNK_HEAD, _chunk_size, _Chunks
 
 pytestmark = pytest.mark.usefixtures(isolated_env.__name__)  # no real config, cache or key
 
@@ -51,6 +51,18 @@ def test_a_line_that_is_not_a_plain_size_goes_to_h11_at_its_boundary() -> None:
     assert piece == b"hello" and rest == b"zz\r\nmore"
     assert [_chunk_size(line) for line in (b"1a", b"1A ; x=y", b"0", b" 5", b"-1", b"0x5", b"", b"1_0")] == [
         26, 26, 0, 0, 0, 0, 0, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=st.text(alphabet="0123456789abcdefABCDEF ;=\tx-_", max_size=24).map(str.encode))
+def test_the_fast_size_line_and_the_slow_one_agree(line: bytes) -> None:
+    # A whole chunk is cut by one regex match; a split one by _chunk_size: the same line, the same size.
+    head = _CHUNK_HEAD.fullmatch(line + b"\r\n")
+    slow = _chunk_size(line)
+    if head is not None:
+        assert int(head[1], 16) == slow or (slow == 0 and int(head[1], 16) == 0)
+    if slow:
+        assert head is not None and int(head[1], 16) == slow
 
 
 def test_a_body_taken_over_within_a_chunk_or_its_crlf() -> None:

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import importlib
 import os
+import re
 import socket
 import ssl
 import time
@@ -409,6 +410,8 @@ class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
 _ChunkedReader = h11._readers.ChunkedReader
 _CHUNK_LINE_MAX = 4096
 """The longest chunk-size line (with extensions) read here; a longer one goes to h11, which has its limit."""
+_CHUNK_HEAD = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
+"""A size line as ``_chunk_size`` reads it (a size of 0 is left to the slow path, which hands it to h11)."""
 
 
 @contextlib.contextmanager
@@ -434,12 +437,23 @@ class _Chunks:
         from that line on (else None)."""
         buf = self._buffer
         buf += data
-        out = bytearray()
+        out: list[bytearray] = []
         pos, end = 0, len(buf)
+        match = _CHUNK_HEAD.match
         while pos < end:
+            if not self._left and not self._crlf:
+                # The usual case, a whole chunk in the buffer: its size line, data and CRLF in one step.
+                head = match(buf, pos)
+                if head is not None:
+                    size, start = int(head[1], 16), head.end()
+                    stop = start + size
+                    if size and stop + 2 <= end and buf[stop:stop + 2] == b"\r\n":
+                        out.append(buf[start:stop])
+                        pos = stop + 2
+                        continue
             if self._left:
                 take = min(self._left, end - pos)
-                out += buf[pos:pos + take]
+                out.append(buf[pos:pos + take])
                 pos += take
                 self._left -= take
                 if not self._left:
@@ -455,15 +469,15 @@ class _Chunks:
             eol = buf.find(b"\r\n", pos, pos + _CHUNK_LINE_MAX)
             if eol < 0:
                 if end - pos >= _CHUNK_LINE_MAX:
-                    return bytes(out), bytes(buf[pos:])
+                    return b"".join(out), bytes(buf[pos:])
                 break
             size = _chunk_size(bytes(buf[pos:eol]))
             if not size:  # the last chunk, or not a size line: from here on h11 reads it
-                return bytes(out), bytes(buf[pos:])
+                return b"".join(out), bytes(buf[pos:])
             self._left = size
             pos = eol + 2
         del buf[:pos]
-        return bytes(out), None
+        return b"".join(out), None
 
 
 def _chunk_size(line: bytes) -> int:
