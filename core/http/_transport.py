@@ -395,12 +395,15 @@ class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
         while True:
             data = await self._network_stream.read(self.READ_NUM_BYTES, timeout=timeout)
             if not data:
-                state.receive_data(b"")  # h11 says what an early end of the body is
+                # h11 says what an early end of the body is, given the start of a size line if one came.
+                state.receive_data(body.partial_line())
+                state.receive_data(b"")
                 break
             piece, rest = body.feed(data)
             if piece:
                 yield piece
             if rest is not None:
+                reader._bytes_to_discard = body.footer
                 state.receive_data(rest)
                 break
         async for piece in super()._receive_response_body(request):
@@ -410,8 +413,9 @@ class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
 _ChunkedReader = h11._readers.ChunkedReader
 _CHUNK_LINE_MAX = 4096
 """The longest chunk-size line (with extensions) read here; a longer one goes to h11, which has its limit."""
-_CHUNK_HEAD = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
-"""A size line as ``_chunk_size`` reads it (a size of 0 is left to the slow path, which hands it to h11)."""
+_CHUNK_HEAD = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\n]*)?[ \t]*\r\n")
+"""A chunk-size line by h11's own grammar (``h11._abnf.chunk_header``: the extensions right after the digits,
+no LF in the line, blanks only before the CRLF), to 16 digits; longer sizes and the zero size go to h11."""
 
 
 @contextlib.contextmanager
@@ -431,6 +435,15 @@ class _Chunks:
         self._buffer = bytearray()
         self._left = left  # bytes of the current chunk still to come
         self._crlf = crlf  # bytes of the CRLF after it still to come
+
+    def partial_line(self) -> bytes:
+        """The start of a size line still buffered at a chunk boundary (b"" inside a chunk or its CRLF)."""
+        return b"" if self._left or self._crlf else bytes(self._buffer)
+
+    @property
+    def footer(self) -> bytes:
+        """What is still due of the CRLF after the current chunk (b"" at a chunk boundary)."""
+        return b"\r\n"[2 - self._crlf:] if self._crlf else b""
 
     def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
         """The data in ``data`` (with what was buffered), and, once a line for h11 is reached, every byte
@@ -462,7 +475,9 @@ class _Chunks:
             if self._crlf:
                 take = min(self._crlf, end - pos)
                 if buf[pos:pos + take] != b"\r\n"[2 - self._crlf:2 - self._crlf + take]:
-                    raise httpcore.RemoteProtocolError("malformed chunk footer in the response body")
+                    # Not the CRLF a chunk ends with: the data before it goes up, and h11 (told what it
+                    # expects, ``footer``) fails on these bytes with its own error.
+                    return b"".join(out), bytes(buf[pos:])
                 pos += take
                 self._crlf -= take
                 continue
@@ -481,12 +496,10 @@ class _Chunks:
 
 
 def _chunk_size(line: bytes) -> int:
-    """A chunk-size line's size (its extensions ignored, as h11 does); 0 for the last chunk or a line that is
-    not a plain hexadecimal size."""
-    size = line.split(b";", 1)[0].rstrip(b" \t")
-    if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
-        return 0
-    return int(size, 16)
+    """A chunk-size line's size (its extensions ignored, as h11 does); 0 for the last chunk or a line that
+    h11's grammar would not read as a size of at most 16 digits (h11 then judges it)."""
+    head = _CHUNK_HEAD.fullmatch(line + b"\r\n")
+    return 0 if head is None else int(head[1], 16)
 
 
 class _Connection(httpcore.AsyncHTTPConnection):
