@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from textual.content import Content
-from textual.widgets import Static
 
 from llmchat.tui.numbers import duration, figure
 from llmchat.tui.widgets.hud._figures import MUTED_STYLE, OK_STYLE
+from llmchat.tui.widgets.hud._lines import Lines
 
 _FIGURES = (("ttft_ms", min), ("total_ms", min), ("tokens_per_s", max))
 TITLE = "replies: TTFT · total · tok/s"
@@ -61,19 +61,11 @@ def render_alternatives(records: Sequence[Mapping[str, Any] | None], current: in
     return lines
 
 
-class AlternativesLines(Static):
+class AlternativesLines(Lines):
     """A prompt's replies side by side; hidden until there are two to compare."""
 
-    DEFAULT_CSS = """
-    AlternativesLines {
-        height: auto;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.display = False
         self.shown: list[str] = []
         """The lines as plain text, as last painted: for tests."""
@@ -82,8 +74,6 @@ class AlternativesLines(Static):
         """Compare ``records`` (oldest first), ``current`` on screen; fewer than two hides the lines."""
         lines = render_alternatives(records, current)
         self.shown = [line.plain for line in lines]
-        if not lines:
-            self.display = False
-            return
-        self.update(Content("\n").join(lines))
-        self.display = True
+        if lines:
+            self.paint_lines(lines)
+        self.display = bool(lines)

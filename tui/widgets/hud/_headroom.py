@@ -9,11 +9,11 @@ headers, so a HUD for a provider that sends none keeps its layout.
 from __future__ import annotations
 
 from textual.content import Content
-from textual.widgets import Static
 
 from llmchat.core.observe import Headroom
 from llmchat.tui.numbers import duration, share
 from llmchat.tui.widgets.hud._figures import MISS_STYLE, MUTED_STYLE
+from llmchat.tui.widgets.hud._lines import Lines
 
 _KINDS = ("requests", "tokens")
 
@@ -48,28 +48,17 @@ def render_headroom(headroom: Headroom | None, warn: float) -> list[Content]:
     return lines
 
 
-class HeadroomLines(Static):
+class HeadroomLines(Lines):
     """Up to two lines, hidden until the provider's first reply with rate-limit headers."""
 
-    DEFAULT_CSS = """
-    HeadroomLines {
-        height: auto;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.display = False
 
     def show(self, headroom: Headroom | None, warn: float) -> None:
         """Paint ``headroom`` with kinds under ``warn`` (a share of the limit) coloured; None hides it."""
         lines = render_headroom(headroom, warn)
-        if not lines:
-            if self.display:
-                self.display = False
-            return
-        self.update(Content("\n").join(lines))
-        if not self.display:
-            self.display = True
+        if lines:
+            self.paint_lines(lines)
+        if self.display != bool(lines):
+            self.display = bool(lines)
