@@ -8,6 +8,10 @@
 - ``sigint_inheritable``: a child process started in the test sees Ctrl-C (SIGINT handled, not ignored).
 - ``terminals``: the installed ``llmchat`` in pseudo-terminals read by a terminal emulator
   (tests/terminal.py).
+
+The real-peer tier (tests/realpeer: llama-server, nginx, a forward proxy, OpenAI's SDK) is collected only when
+the command line names it or something in it (``pytest tests/realpeer``, ``scripts/realpeer``): a plain run,
+README's test command, leaves it out, since its parts are built or installed first.
 """
 
 from __future__ import annotations
@@ -24,6 +28,20 @@ from llmchat.core.server import RunningServer, resolve_settings, start_in_thread
 
 if TYPE_CHECKING:
     from terminal import TerminalSession
+
+
+_REALPEER = Path(__file__).parent / "realpeer"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path != _REALPEER:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.args:
+        named = (base / arg.split("::", 1)[0]).resolve()
+        if named == _REALPEER or _REALPEER in named.parents:
+            return None
+    return True
 
 
 @pytest.fixture(autouse=True)

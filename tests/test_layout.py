@@ -44,6 +44,14 @@ def test_ci_runs_the_static_checks_before_the_tests() -> None:
     assert os.access(ROOT / "scripts" / "check", os.X_OK), "scripts/check must be executable"
 
 
+def test_ci_runs_the_real_peer_tier_after_the_tests() -> None:
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "scripts/realpeer" in lines, ".ci/run must run the real-peer tier on a line of its own"
+    assert lines.index("scripts/realpeer") > lines.index(_readme_commands()[1]), "the tier runs after the tests"
+    assert os.access(ROOT / "scripts" / "realpeer", os.X_OK), "scripts/realpeer must be executable"
+    assert "scripts/realpeer" in (ROOT / "README.md").read_text(encoding="utf-8"), "README names the tier"
+
+
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     help_text = parser.format_help()
