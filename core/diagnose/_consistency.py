@@ -157,7 +157,7 @@ def _http2(f: dict[str, float]) -> tuple[bool, float | None]:
 def _new_cost(f: dict[str, float]) -> tuple[bool, float | None]:
     from llmchat.core.diagnose._prescribe import CONNECT_COST_WARN_MS
 
-    cost = f["new_ms_min"] - f["reused_ms_min"]
+    cost = f["new_min_ms"] - f["reused_min_ms"]
     return cost >= CONNECT_COST_WARN_MS, cost
 
 
@@ -167,7 +167,7 @@ def _keepalive(f: dict[str, float]) -> tuple[bool, float | None]:
 
 
 def _cold(f: dict[str, float]) -> tuple[bool, float | None]:
-    extra = f["first_ttft_ms"] - f["later_ttft_ms_median"]
+    extra = f["first_ttft_ms"] - f["later_ttft_median_ms"]
     return extra > 0 or f["server_model_load_ms"] > 0, max(extra, f["server_model_load_ms"])
 
 

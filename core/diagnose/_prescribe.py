@@ -160,7 +160,7 @@ def _connection(report: Report, http: HttpSettings, table: tuple[str, ...], sche
             f"fastest {_fmt(min(m['new_ms']))} new vs {_fmt(min(m['reused_ms']))} reused "
             f"(GET /models, {len(m['new_ms'])} each)",
             effect_ms=cost if high else None, changes=changes, advice=advice,
-            figures={"new_ms_min": shown(min(m["new_ms"])), "reused_ms_min": shown(min(m["reused_ms"]))}))
+            figures={"new_min_ms": shown(min(m["new_ms"])), "reused_min_ms": shown(min(m["reused_ms"]))}))
     burst = m.get("burst", {})
     h1b, h2b = burst.get("http1"), burst.get("http2")
     if h1b and h2b:
@@ -327,7 +327,7 @@ def _server(report: Report, settings: Settings, http: HttpSettings, table: tuple
                 f"first token {_fmt(first)} on the first request against a median {_fmt(later)} after it{said}",
                 effect_ms=max(first - later, load), effect_per="conversation (its first request)",
                 changes={table: {"warmup": True}},
-                figures={"first_ttft_ms": first, "later_ttft_ms_median": later, "server_model_load_ms": load},
+                figures={"first_ttft_ms": first, "later_ttft_median_ms": later, "server_model_load_ms": load},
                 advice="keep the model loaded on the server (llama.cpp and Ollama: keep_alive; vLLM stays "
                 "loaded), or send one tiny request when it starts; warm-up keeps the connection, not the model"))
         else:
