@@ -285,5 +285,6 @@ def test_reconcile_drops_defaults_and_what_another_change_makes_unneeded() -> No
     out = reconcile([close2, h2], Settings(), HttpSettings())
     assert out[0].changes == {} and out[1].changes == {("http",): {"http2": "h2c"}}
     # A provider's own table: compared with the provider's effective settings, not global [http]'s.
-    ping = Finding("server", "server.idle", "warn", "cold", changes={("providers", "p", "http"): {"keepalive_ping_s": 5.0}})
+    ping = Finding("server", "server.idle", "warn", "cold",
+                   changes={("providers", "p", "http"): {"keepalive_ping_s": 5.0}})
     assert reconcile([ping], Settings(), HttpSettings(keepalive_ping_s=5.0))[0].changes == {}

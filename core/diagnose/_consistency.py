@@ -17,6 +17,7 @@ from typing import Any
 from llmchat.core.config import HttpSettings, Settings
 from llmchat.core.diagnose._findings import Changes, Finding, Report, fmt_ms
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Unneeded:
     """``by`` at ``value`` makes ``drop`` unneeded, for the reason ``why``. Keys are [http] keys unless given
@@ -251,10 +252,10 @@ def contradictions(report: Report, settings: Settings, http: HttpSettings) -> li
             out.append(f"{f.check}: costs ~{fmt_ms(f.effect_ms)} but its figures differ by {fmt_ms(effect)}")
     merged = _merged(report.findings)
     for section, keys in merged.items():
-        for key, value in keys.items():
+        for key, prescribed in keys.items():
             known, current = _effective((section,), key, settings, http)
-            if known and _same(current, value):
-                out.append(f"prescribes {section}.{key} = {_toml(value)}, already in force")
+            if known and _same(current, prescribed):
+                out.append(f"prescribes {section}.{key} = {_toml(prescribed)}, already in force")
             why = _unneeded_by(merged, section, key, settings, http)
             if why:
                 out.append(f"prescribes {section}.{key} beside what makes it unneeded: {why}")
