@@ -51,20 +51,24 @@ def test_a_healthy_server_gets_no_false_alarm(server_factory: Factory) -> None:
 
 def test_close_after_stream_is_named_and_prescribed(server_factory: Factory) -> None:
     report = _doctor(server_factory(profile="instant", close_after_stream=True))
-    f = _finding(report, "connection.close_after_stream")
+    f = _finding(report, "connection.keepalive")  # one finding for keep-alive, one verdict
     assert f.mark == "fail" and "3 of 3 streams" in f.evidence
     assert f.changes == {("http",): {"max_requests_per_connection": 1}}
     assert report.measurements["limits"]["retries_and_errors"]["retry_reasons"].get("stale connection") == 3
 
 
-def test_a_round_trip_makes_new_connections_costly_and_http2_recommended(server_factory: Factory) -> None:
+def test_a_round_trip_makes_new_connections_costly_and_http2_judged_on_the_burst(server_factory: Factory) -> None:
     report = _doctor(server_factory(profile="instant", rtt_ms=60.0))
     cost = _finding(report, "connection.new_cost")
     assert cost.mark == "warn" and cost.effect_ms is not None and 40 <= cost.effect_ms <= 200
+    assert cost.changes == {("http",): {"keepalive_ping_s": 15.0}}  # warmup = true is the default already
     h2 = _finding(report, "connection.http2")
-    assert h2.mark == "warn" and h2.changes == {("http",): {"http2": "h2c"}}
     burst = report.measurements["connection"]["burst"]
     assert burst["http1"]["connections_opened"] == 4 and burst["http2"]["connections_opened"] == 1
+    # Recommended only when the same burst, measured, finished sooner over HTTP/2 (it need not, here).
+    faster = round(burst["http1"]["wall_ms"]) - round(burst["http2"]["wall_ms"]) >= 10
+    assert (h2.mark, h2.changes) == (("warn", {("http",): {"http2": "h2c"}}) if faster else ("info", {}))
+    assert report.contradictions == []
     assert report.measurements["connection"]["rtt_estimate_ms"] >= 60
     assert _finding(report, "streaming.buffered").mark != "fail"  # a late reply in one write is not buffering
 
@@ -73,7 +77,8 @@ def test_cold_start_is_named_with_the_model_load(server_factory: Factory) -> Non
     report = _doctor(server_factory(profile="instant", cold_start_ms=500.0))
     f = _finding(report, "server.cold_start")
     assert f.mark == "warn" and f.effect_ms is not None and 450 <= f.effect_ms <= 1500
-    assert "model load of 500 ms" in f.evidence and ("http",) in f.changes
+    assert "model load of 500 ms" in f.evidence
+    assert f.changes == {} and "warmup = true is already in force" in f.advice  # the default: nothing to change
 
 
 def test_cold_again_after_idle(server_factory: Factory) -> None:
@@ -161,7 +166,7 @@ def test_cli_json_needs_yes_without_a_terminal(server_factory: Factory, capsys, 
     assert main(["doctor", "--base-url", server.base_url, "--yes", "--json", "--budget-requests", "20"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "fail" and data["requests_sent"] <= 20
-    assert any(f["check"] == "connection.close_after_stream" and f["mark"] == "fail" for f in data["findings"])
+    assert any(f["check"] == "connection.keepalive" and f["mark"] == "fail" for f in data["findings"])
 
 
 def test_write_config_shows_the_diff_and_keeps_a_backup(server_factory: Factory, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -171,11 +176,11 @@ def test_write_config_shows_the_diff_and_keeps_a_backup(server_factory: Factory,
     code = main(["doctor", "--config", str(config), "--base-url", server.base_url, "--yes", "--write-config"])
     assert code == 1
     err = capsys.readouterr().err
-    assert '+http2 = "h2c"' in err and "wrote" in err
+    assert "+keepalive_ping_s = 15.0" in err and "+warmup" not in err and "wrote" in err
     assert (tmp_path / "config.toml.bak").read_text(encoding="utf-8").startswith("# mine")
     text = config.read_text(encoding="utf-8")
     assert text.startswith("# mine\n[http]\nmax_connections = 8\n") and 'theme = "textual-dark"' in text
-    assert load_settings(str(config)).http.http2 == "h2c"
+    assert load_settings(str(config)).http.keepalive_ping_s == 15.0
 
 
 def test_set_toml_keys_edits_in_place() -> None:

@@ -18,6 +18,7 @@ from llmchat.core.client import ServerSignals
 from llmchat.core.config import mask_url
 from llmchat.core.diagnose import _connection, _limits, _path, _server, _streaming
 from llmchat.core.diagnose._budget import PROMPT_TOKENS, Context, OutOfBudget
+from llmchat.core.diagnose._consistency import contradictions
 from llmchat.core.diagnose._findings import Estimate, Report
 from llmchat.core.diagnose._prescribe import h2_setting, prescribe
 from llmchat.core.errors import APIError
@@ -83,7 +84,9 @@ async def run_battery(ctx: Context) -> Report:
             await signals.aclose()
     report.requests_sent = ctx.sent
     report.elapsed_s = time.monotonic() - t0
-    report.findings = prescribe(report, ctx.settings, scheme=ctx.scheme, http2_setting=ctx.http2_setting)
+    report.findings = prescribe(report, ctx.settings, scheme=ctx.scheme, http2_setting=ctx.http2_setting,
+                                http=ctx.http)
+    report.contradictions = contradictions(report, ctx.settings, ctx.http)
     return report
 
 
@@ -118,6 +121,10 @@ async def _steps(ctx: Context, report: Report, signals: ServerSignals) -> None:
         await _step(ctx, report, "tls", "path", 0, lambda: _path.probe_tls(ctx))
     else:
         await _step(ctx, report, "h2c", "path", 1, lambda: _path.probe_h2c(ctx))
+        if ctx.http2_setting == "h2c" and not m["path"].get("h2c"):
+            # The config asks for h2c and the server does not speak it: every later probe would fail the
+            # same way. Go on over HTTP/1.1 (the finding says to change the setting) and measure the rest.
+            ctx.http2_fallback = False
     await _step(ctx, report, "new vs reused", "connection", 2 * _connection.REUSE_PROBES + 1,
                 lambda: _connection.new_vs_reused(ctx))
     h2 = h2_setting(report)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmchat.core.client import ChatClient
-from llmchat.core.config import Http2Mode, RetrySettings, Settings
+from llmchat.core.client import ChatClient, endpoint_from_settings
+from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
 
 #: The doctor's own retry policy: a retry shows what the server does, but a long Retry-After must never hold
 #: the battery; the waits stay short and few.
@@ -30,7 +30,7 @@ class OutOfBudget(Exception):
 @dataclasses.dataclass
 class Context:
     """The target and the budget. ``client(http2=...)`` makes a ChatClient for it: no reply cache, the
-    doctor's short retries, the user's [http] settings unless overridden."""
+    doctor's short retries, the provider's effective [http] settings (``http``) unless overridden."""
 
     settings: Settings
     provider: str | None = None
@@ -48,8 +48,26 @@ class Context:
     scheme: str = "http"
     resolved_url: str = ""
     http2_setting: Http2Mode = True
+    http2_fallback: Http2Mode | None = None
+    """Set when the configured http2 cannot reach this server (h2c to a server that speaks only HTTP/1.1):
+    every later client goes out with it instead, so the battery measures what HTTP/1.1 does."""
+    _http: HttpSettings | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def http(self) -> HttpSettings:
+        """The [http] settings in force for this target: global [http] with the provider's own
+        [providers.NAME.http] over it, resolved by the function ChatClient resolves them with
+        (``endpoint_from_settings``). Raises what it raises: ConfigError for an unknown provider,
+        UsageError for an unset --api-key-env."""
+        if self._http is None:
+            endpoint, _ = endpoint_from_settings(self.settings, self.provider, base_url=self.base_url,
+                                                 api_key_env=self.api_key_env)
+            self._http = endpoint.http
+        return self._http
 
     def client(self, *, http2: Http2Mode | None = None, **http: Any) -> ChatClient:
+        if http2 is None:
+            http2 = self.http2_fallback
         settings = self.settings
         if http:
             settings = dataclasses.replace(settings, http=dataclasses.replace(settings.http, **http))
@@ -66,6 +84,7 @@ class Context:
         self.resolved_url = client.endpoint.base_url
         self.scheme = urlsplit(self.resolved_url).scheme or "http"
         self.http2_setting = client.endpoint.http.http2
+        self._http = client.endpoint.http
 
     @property
     def host(self) -> str:

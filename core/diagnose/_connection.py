@@ -71,8 +71,8 @@ async def new_vs_reused(ctx: Context) -> dict[str, Any]:
 
 
 async def _burst(ctx: Context, http2: Http2Mode, n: int) -> dict[str, Any]:
-    async with ctx.client(http2=http2, max_connections=max(n, ctx.settings.http.max_connections),
-                          max_keepalive_connections=max(n, ctx.settings.http.max_keepalive_connections)) as client:
+    async with ctx.client(http2=http2, max_connections=max(n, ctx.http.max_connections),
+                          max_keepalive_connections=max(n, ctx.http.max_keepalive_connections)) as client:
         t = time.perf_counter_ns()
         results = await asyncio.gather(*(_get(client) for _ in range(n)))
         wall = (time.perf_counter_ns() - t) / 1e6

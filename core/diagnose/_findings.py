@@ -20,6 +20,19 @@ SECTION_TITLES: dict[str, str] = {
 Changes = dict[tuple[str, ...], dict[str, object]]
 
 
+def fmt_ms(ms: float | None) -> str:
+    """Milliseconds as every finding prints them: whole from 10 ms up, tenths below, ``-`` for none."""
+    if ms is None:
+        return "-"
+    return f"{ms:.0f} ms" if abs(ms) >= 10 else f"{ms:.1f} ms"
+
+
+def shown(ms: float) -> float:
+    """``ms`` rounded as ``fmt_ms`` prints it: a difference of two shown figures is the difference a reader
+    computes from the report, so an effect derived from them never disagrees with the printed numbers."""
+    return float(round(ms)) if abs(ms) >= 10 else round(ms, 1)
+
+
 @dataclass(slots=True)
 class Finding:
     """One conclusion: ``check`` is a stable id (``connection.keepalive``), ``title`` one line for people,
@@ -35,6 +48,9 @@ class Finding:
     effect_per: str = "request"
     changes: Changes = field(default_factory=dict)
     advice: str = ""
+    figures: dict[str, float] = field(default_factory=dict)
+    """The numbers the finding rests on, by name, each as its title or evidence prints it: what
+    ``_consistency.contradictions`` checks its verdict, its effect and its changes against."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +63,7 @@ class Finding:
             "effect_per": self.effect_per,
             "changes": {".".join(path): dict(keys) for path, keys in self.changes.items()},
             "advice": self.advice,
+            "figures": dict(self.figures),
         }
 
 
@@ -83,6 +100,8 @@ class Report:
     interrupted: bool = False
     skipped: list[str] = field(default_factory=list)
     """Steps left out: by the request or time budget, or because they did not apply."""
+    contradictions: list[str] = field(default_factory=list)
+    """What the self-check (``_consistency.contradictions``) found wrong with the findings: empty, or a bug."""
 
     def worst(self) -> Mark:
         marks = {f.mark for f in self.findings}
@@ -110,4 +129,5 @@ class Report:
             "measurements": self.measurements,
             "findings": [f.to_dict() for f in self.findings],
             "changes": {".".join(path): dict(keys) for path, keys in self.changes().items()},
+            "contradictions": list(self.contradictions),
         }

@@ -1,8 +1,11 @@
 """The path to the server: DNS, TCP connect (an RTT estimate), TLS version and ALPN, h2c, proxies, clock skew.
 
 The TCP and TLS probes open bare sockets (no HTTP request is sent, so they cost no budget); the h2c probe is a
-GET /models through the engine's own client with prior-knowledge HTTP/2. Proxies come from the environment the
-client would honour (``http.trust_env``) and from the headers a reply carries (``_limits`` reads them).
+GET /models through the engine's own client with prior-knowledge HTTP/2, bounded by a short timeout of its own
+(a server that answers the preface in HTTP/1.1, as llama-server does, must not hold the battery), and any
+failure of it means "no h2c". Every probe uses the provider's effective [http] settings (``Context.http``):
+its CA bundle, its timeouts, its trust_env. Proxies come from the environment the client would honour
+(``http.trust_env``) and from the headers a reply carries (``_limits`` reads them).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from typing import Any
 
 from llmchat.core.config import mask_url
 from llmchat.core.diagnose._budget import Context
-from llmchat.core.errors import APIError
 from llmchat.core.observe import Phases
 
 TCP_PROBES = 3
+H2C_TIMEOUT_S = 3.0
+"""The h2c probe's own bound, connect and read: an h2c server answers a GET /models within a round trip or
+two; one that does not in this long is not one to recommend h2c for."""
 _PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 #: Reply headers that name something between the client and the server.
 PROXY_HEADERS = ("via", "x-cache", "x-served-by", "cf-ray", "x-amz-cf-id", "x-forwarded-for", "forwarded")
@@ -35,7 +40,7 @@ async def probe_dns_tcp(ctx: Context) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     t = time.perf_counter_ns()
     try:
-        infos = await asyncio.wait_for(loop.getaddrinfo(ctx.host, ctx.port, type=0), 5.0)
+        infos = await asyncio.wait_for(loop.getaddrinfo(ctx.host, ctx.port, type=0), ctx.http.connect_timeout_s)
     except (OSError, TimeoutError) as exc:
         return {"dns_ms": None, "dns_error": str(exc) or exc.__class__.__name__}
     out: dict[str, Any] = {"dns_ms": round(_ms(time.perf_counter_ns() - t), 3),
@@ -44,7 +49,8 @@ async def probe_dns_tcp(ctx: Context) -> dict[str, Any]:
     for _ in range(TCP_PROBES):
         t = time.perf_counter_ns()
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(ctx.host, ctx.port), 5.0)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(ctx.host, ctx.port),
+                                               ctx.http.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
             out["tcp_error"] = str(exc) or exc.__class__.__name__
             break
@@ -58,10 +64,12 @@ async def probe_dns_tcp(ctx: Context) -> dict[str, Any]:
 
 
 async def probe_tls(ctx: Context) -> dict[str, Any]:
-    """An https server's TLS: the handshake's time, the version and what ALPN picked (h2 or http/1.1)."""
+    """An https server's TLS: the handshake's time, the version and what ALPN picked (h2 or http/1.1), with
+    the trust the client itself would use for this provider (its own http.verify, else [http]'s). A failed
+    handshake is a measurement (``tls_error``); a CA bundle that cannot be loaded raises ConfigError."""
     from llmchat.core.http._transport import _ssl_context  # the client's own trust settings, shared
 
-    verify = _ssl_context(ctx.settings.http)
+    verify = _ssl_context(ctx.http)
     if isinstance(verify, ssl.SSLContext):
         context = verify
     else:  # http.verify = false: the handshake is still worth timing
@@ -71,7 +79,8 @@ async def probe_tls(ctx: Context) -> dict[str, Any]:
     t = time.perf_counter_ns()
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(ctx.host, ctx.port, ssl=context, server_hostname=ctx.host), 10.0)
+            asyncio.open_connection(ctx.host, ctx.port, ssl=context, server_hostname=ctx.host),
+            ctx.http.connect_timeout_s)
     except (OSError, ssl.SSLError, TimeoutError) as exc:
         return {"tls_error": str(exc) or exc.__class__.__name__}
     handshake = _ms(time.perf_counter_ns() - t)
@@ -86,21 +95,27 @@ async def probe_tls(ctx: Context) -> dict[str, Any]:
 
 
 async def probe_h2c(ctx: Context) -> dict[str, Any]:
-    """Does a plain-http server speak HTTP/2 with prior knowledge? One GET /models with http2 = "h2c"."""
+    """Does a plain-http server speak HTTP/2 with prior knowledge? One GET /models with http2 = "h2c", within
+    ``H2C_TIMEOUT_S`` (connect and read, and the whole probe). Never raises for what the server does: any
+    failure, a timeout included, is ``{"h2c": False, "h2c_error": ...}``."""
     phases = Phases()
+    bound = min(H2C_TIMEOUT_S, ctx.http.connect_timeout_s, ctx.http.read_timeout_s)
     try:
-        async with ctx.client(http2="h2c") as client:
-            async with client.transport.request("GET", "models", phases=phases) as resp:
-                await resp.aread()
-                version = resp.http_version
-    except APIError as exc:
-        return {"h2c": False, "h2c_error": str(exc)}
+        async with asyncio.timeout(2 * bound):  # the client's own timeouts first; this one if they miss
+            async with ctx.client(http2="h2c", connect_timeout_s=bound, read_timeout_s=bound) as client:
+                async with client.transport.request("GET", "models", phases=phases) as resp:
+                    await resp.aread()
+                    version = resp.http_version
+    except TimeoutError:
+        return {"h2c": False, "h2c_error": f"no answer in HTTP/2 within {bound:g} s"}
+    except Exception as exc:  # whatever went wrong, the answer is "no h2c" and the battery goes on
+        return {"h2c": False, "h2c_error": str(exc) or exc.__class__.__name__}
     return {"h2c": version == "HTTP/2", "h2c_version": version}
 
 
 def proxies_from_env(ctx: Context, env: dict[str, str] | None = None) -> dict[str, str]:
     """The proxy variables the client honours (with http.trust_env), URLs masked."""
-    if not ctx.settings.http.trust_env:
+    if not ctx.http.trust_env:
         return {}
     env = dict(os.environ) if env is None else env
     found: dict[str, str] = {}

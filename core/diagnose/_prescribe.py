@@ -10,13 +10,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llmchat.core.config import Http2Mode, Settings
+from llmchat.core.config import Http2Mode, HttpSettings, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
-from llmchat.core.diagnose._findings import Changes, Finding, Report
+from llmchat.core.diagnose._consistency import reconcile
+from llmchat.core.diagnose._findings import Changes, Finding, Report, shown
+from llmchat.core.diagnose._findings import fmt_ms as _fmt
 from llmchat.core.diagnose._streaming import BUNCHED_MIN_MS, STALL_MIN_MS
 
 CONNECT_COST_WARN_MS = 20.0
 """A new connection that costs this much more than a reused one is worth avoiding (warm-up, HTTP/2)."""
+HTTP2_SAVING_WARN_MS = 10.0
+"""HTTP/2 is recommended only when the same parallel burst, measured, finished at least this much sooner on
+one HTTP/2 connection than on an HTTP/1.1 pool: a saving the report's own figures show."""
 CLOCK_SKEW_WARN_S = 5.0
 DNS_WARN_MS = 100.0
 HEADROOM_SHARE = 0.1
@@ -43,12 +48,6 @@ def toml_snippet(changes: Changes) -> str:
     return "\n\n".join(blocks)
 
 
-def _fmt(ms: float | None) -> str:
-    if ms is None:
-        return "-"
-    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
-
-
 def h2_setting(report: Report) -> Http2Mode | None:
     """The http2 value that reaches HTTP/2 on this server, from what the path probes saw; None for none."""
     path = report.measurements["path"]
@@ -63,19 +62,23 @@ def _uses_h2(setting: Http2Mode, scheme: str) -> bool:
     return setting == "h2c" if scheme == "http" else bool(setting)
 
 
-def prescribe(report: Report, settings: Settings, *, scheme: str, http2_setting: Http2Mode) -> list[Finding]:
-    """Every finding the measurements support, section by section."""
+def prescribe(report: Report, settings: Settings, *, scheme: str, http2_setting: Http2Mode,
+              http: HttpSettings | None = None) -> list[Finding]:
+    """Every finding the measurements support, section by section, then reconciled
+    (``_consistency.reconcile``): no change to a key already at that value in ``http`` (the provider's
+    effective [http], default ``settings.http``) or ``settings``, none made unneeded by another."""
+    http = settings.http if http is None else http
     table = http_table(report, settings)
     out: list[Finding] = []
-    out += _path(report)
-    out += _connection(report, settings, table, scheme, http2_setting)
-    out += _streaming(report, settings, table)
-    out += _server(report, settings, table)
+    out += _path(report, table, http2_setting)
+    out += _connection(report, http, table, scheme, http2_setting)
+    out += _streaming(report, settings, http, table)
+    out += _server(report, settings, http, table)
     out += _limits(report, settings)
-    return out
+    return reconcile(out, settings, http)
 
 
-def _path(report: Report) -> list[Finding]:
+def _path(report: Report, table: tuple[str, ...], http2_setting: Http2Mode) -> list[Finding]:
     m = report.measurements["path"]
     out: list[Finding] = []
     if m.get("dns_error"):
@@ -101,7 +104,13 @@ def _path(report: Report) -> list[Finding]:
         out.append(Finding("path", "path.tls", "warn" if old else "pass",
                            f"{m['tls_version']}, ALPN {alpn}" + (" (HTTP/2 offered)" if alpn == "h2" else ""),
                            f"connect + handshake {_fmt(m.get('tls_connect_and_handshake_ms'))}"))
-    if "h2c" in m:
+    if "h2c" in m and not m["h2c"] and http2_setting == "h2c":
+        # The config asks for what the server does not speak: every request would fail the way the probe did.
+        out.append(Finding("path", "path.h2c", "fail", "http2 = \"h2c\" is set but this server does not speak h2c",
+                           m.get("h2c_version") or m.get("h2c_error", ""), changes={table: {"http2": False}},
+                           advice="speak HTTP/1.1 to it; the rest of this report was measured so",
+                           figures={"h2c": 0.0}))
+    elif "h2c" in m:
         out.append(Finding("path", "path.h2c", "info",
                            "h2c (HTTP/2 over plain http) " + ("works" if m["h2c"] else "is not spoken here"),
                            m.get("h2c_version") or m.get("h2c_error", "")))
@@ -120,73 +129,112 @@ def _path(report: Report) -> list[Finding]:
     return out
 
 
-def _connection(report: Report, settings: Settings, table: tuple[str, ...], scheme: str,
+def _connection(report: Report, http: HttpSettings, table: tuple[str, ...], scheme: str,
                 http2_setting: Http2Mode) -> list[Finding]:
     m = report.measurements["connection"]
     out: list[Finding] = []
-    cost = m.get("new_connection_cost_ms")
+    cost: float | None = None
+    if m.get("new_ms") and m.get("reused_ms"):
+        # From the figures as printed ("fastest 85 ms new vs 44 ms reused"), so the title, the effect and the
+        # evidence agree to the millisecond a reader can check.
+        cost = max(0.0, shown(min(m["new_ms"])) - shown(min(m["reused_ms"])))
     h2 = h2_setting(report)
-    if "keepalive_between_requests" in m:
-        kept = m["keepalive_between_requests"]
-        out.append(Finding("connection", "connection.keepalive", "pass" if kept else "warn",
-                           "keep-alive honoured between requests" if kept
-                           else "the server closes the connection after each request",
-                           f"new {', '.join(_fmt(v) for v in m['new_ms'])}; reused "
-                           f"{', '.join(_fmt(v) for v in m['reused_ms'])}",
-                           effect_ms=None if kept else cost))
-    streams = m.get("after_streams", {})
-    if streams.get("closed_after_stream"):
-        changes: Changes = {table: {"max_requests_per_connection": 1}}
-        alt = f"; or http2 = {toml_value(h2)}: HTTP/2 keeps its connection" if h2 is not None else ""
-        out.append(Finding(
-            "connection", "connection.close_after_stream", "fail",
-            "the server closes the connection after every stream (as llama.cpp does)",
-            f"{streams['streams'] - 1} of {streams['streams'] - 1} streams after the first found their "
-            f"connection gone ({streams['stale_retries']} retried on a dead one) over {streams['http_version']}",
-            effect_ms=cost, changes=changes,
-            advice="open a fresh connection per request instead of trying the dead one first" + alt))
-    elif streams.get("streams", 0) > 1:
-        out.append(Finding("connection", "connection.close_after_stream", "pass",
-                           "the connection survives a stream", f"{streams['streams']} streams, one connection"))
+    keepalive = _keepalive(m, table, cost)
+    out += keepalive
+    closes = any(f.mark in ("warn", "fail") for f in keepalive)
     if cost is not None:
         high = cost >= CONNECT_COST_WARN_MS
-        changes = {table: {"warmup": True, "keepalive_ping_s": min(settings.http.keepalive_ping_s,
-                                                                   settings.http.keepalive_expiry_s / 2)}}
+        changes: Changes = {}
+        advice = ""
+        if high and closes:
+            # Warm-up and pings keep a connection open for the next request; this server closes it after each.
+            advice = ("the server closes its connections (above), so warm-up and pings cannot keep one open; "
+                      "only a server that keeps them (or HTTP/2) saves this")
+        elif high:
+            changes = {table: {"warmup": True,
+                               "keepalive_ping_s": min(http.keepalive_ping_s, http.keepalive_expiry_s / 2)}}
+            advice = "keep connections open and warm: warm-up opens one before the first prompt, pings keep it"
         out.append(Finding(
             "connection", "connection.new_cost", "warn" if high else "pass",
             f"a new connection costs {_fmt(cost)} more than a reused one",
             f"fastest {_fmt(min(m['new_ms']))} new vs {_fmt(min(m['reused_ms']))} reused "
             f"(GET /models, {len(m['new_ms'])} each)",
-            effect_ms=cost if high else None, changes=changes if high else {},
-            advice="keep connections open and warm: warm-up opens one before the first prompt, pings keep it"
-            if high else ""))
+            effect_ms=cost if high else None, changes=changes, advice=advice,
+            figures={"new_min_ms": shown(min(m["new_ms"])), "reused_min_ms": shown(min(m["reused_ms"]))}))
     burst = m.get("burst", {})
     h1b, h2b = burst.get("http1"), burst.get("http2")
     if h1b and h2b:
-        # What the burst's extra connections cost, each at the measured new-connection price (a proxy or the
-        # WAN charges part of it to the first bytes, where the connect stamps do not see it).
-        saved = (cost or 0.0) * (h1b["connections_opened"] - h2b["connections_opened"])
+        h1_wall, h2_wall = shown(h1b["wall_ms"]), shown(h2b["wall_ms"])
+        saved = h1_wall - h2_wall  # measured, on the figures the evidence prints: never an estimate
         in_use = _uses_h2(http2_setting, scheme)
         evidence = (f"{burst['parallel']} parallel requests: HTTP/1.1 opened {h1b['connections_opened']} "
-                    f"connections ({_fmt(h1b['setup_ms_total'])} setup, {_fmt(h1b['wall_ms'])} wall), "
-                    f"HTTP/2 {h2b['connections_opened']} ({_fmt(h2b['setup_ms_total'])}, {_fmt(h2b['wall_ms'])})")
-        worth = (cost or 0.0) >= CONNECT_COST_WARN_MS and saved > 0
+                    f"connections ({_fmt(h1b['setup_ms_total'])} setup, {_fmt(h1_wall)} wall), "
+                    f"HTTP/2 {h2b['connections_opened']} ({_fmt(h2b['setup_ms_total'])}, {_fmt(h2_wall)} wall)")
+        figures = {"http1_wall_ms": h1_wall, "http2_wall_ms": h2_wall}
+        worth = saved >= HTTP2_SAVING_WARN_MS
         if in_use:
-            out.append(Finding("connection", "connection.http2", "pass", "HTTP/2 is in use", evidence))
-        else:
+            out.append(Finding("connection", "connection.http2", "pass", "HTTP/2 is in use", evidence,
+                               figures=figures))
+        elif worth:
             out.append(Finding(
-                "connection", "connection.http2", "warn" if worth else "info",
-                "HTTP/2 recommended: one multiplexed connection instead of a pool" if worth
-                else "HTTP/2 is available but saves little here",
-                evidence, effect_ms=saved if worth else None, effect_per="parallel burst",
-                changes={table: {"http2": h2}} if worth and h2 is not None else {},
-                advice="each new HTTP/1.1 connection pays the round trips again; HTTP/2 pays them once"
-                if worth else ""))
+                "connection", "connection.http2", "warn",
+                "HTTP/2 recommended: one multiplexed connection instead of a pool", evidence,
+                effect_ms=saved, effect_per="parallel burst",
+                changes={table: {"http2": h2}} if h2 is not None else {},
+                advice="each new HTTP/1.1 connection pays the round trips again; HTTP/2 pays them once",
+                figures=figures))
+        else:
+            slower = "was slower" if saved < 0 else "saved little"
+            out.append(Finding(
+                "connection", "connection.http2", "info", f"HTTP/2 is available but {slower} here",
+                evidence, figures=figures))
     elif h1b:
         out.append(Finding("connection", "connection.http2", "info", "the server offers no HTTP/2",
                            f"{burst['parallel']} parallel requests opened {h1b['connections_opened']} HTTP/1.1 "
                            f"connections ({_fmt(h1b['setup_ms_total'])} setup)"))
     return out
+
+
+def _keepalive(m: dict[str, Any], table: tuple[str, ...], cost: float | None) -> list[Finding]:
+    """One finding, one verdict, for whether a connection outlives what is sent on it: plain requests (the
+    GETs) and streams (the streaming step's records) are two measurements of the same behaviour."""
+    between = m.get("keepalive_between_requests")
+    streams = m.get("after_streams", {})
+    gets = (f"GET /models new {', '.join(_fmt(v) for v in m['new_ms'])}; reused "
+            f"{', '.join(_fmt(v) for v in m['reused_ms'])}" if "new_ms" in m else "")
+    reused_gets = sum(bool(r) for r in m.get("reused", []))
+    figures: dict[str, float] = {}
+    if cost is not None:
+        figures["new_connection_cost_ms"] = cost
+    if streams.get("closed_after_stream"):
+        later = streams["streams"] - 1
+        stale = streams["stale_retries"]
+        gets_note = ("; plain requests kept theirs" if between else
+                     "; plain requests lost theirs too" if between is False else "")
+        figures.update(reused_after_stream=float(sum(bool(r) for r in streams["reused_after_stream"])),
+                       streams_after_first=float(later), stale_retries=float(stale))
+        changes: Changes = {table: {"max_requests_per_connection": 1}} if stale else {}
+        advice = ("open a fresh connection per request instead of trying the dead one first" if stale else
+                  "each request opens a new connection; the client saw the close in time, so none was wasted")
+        paid = f"; each pays a new connection, {_fmt(cost)} more than a reused one" if cost is not None else ""
+        return [Finding(
+            "connection", "connection.keepalive", "fail" if stale else "warn",
+            "the server closes the connection after every stream (as llama.cpp does)",
+            f"{later} of {later} streams after the first found their connection gone ({stale} retried on a dead one) "
+            f"over {streams['http_version']}{gets_note}{paid}",
+            effect_ms=cost, changes=changes, advice=advice, figures=figures)]
+    if between is False:
+        figures.update(reused_between_requests=float(reused_gets))
+        paid = f"; each pays a new connection, {_fmt(cost)} more than a reused one" if cost is not None else ""
+        return [Finding("connection", "connection.keepalive", "warn",
+                        "the server closes the connection after each request", gets + paid, effect_ms=cost,
+                        figures=figures)]
+    if between or streams.get("streams", 0) > 1:
+        across = f"; {streams['streams']} streams on one connection" if streams.get("streams", 0) > 1 else ""
+        what = "between requests and across streams" if across else "between requests"
+        return [Finding("connection", "connection.keepalive", "pass", f"keep-alive honoured {what}",
+                        gets + across)]
+    return []
 
 
 def _median(values: list[float]) -> float | None:
@@ -197,7 +245,7 @@ def _median(values: list[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> list[Finding]:
+def _streaming(report: Report, settings: Settings, http: HttpSettings, table: tuple[str, ...]) -> list[Finding]:
     m = report.measurements["streaming"]
     out: list[Finding] = []
     if not m.get("succeeded"):
@@ -215,6 +263,8 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
             f"{m['bunched_streams']} of {n} streams: {worst['chunks']} chunks within {_fmt(worst['chunk_span_ms'])} "
             f"of a {_fmt(worst['total_ms'])} reply ({worst['span_share'] * 100:.0f}%){told}",
             effect_ms=server_span if server_span else worst["total_ms"], effect_per="request (to first token)",
+            figures={"span_share": worst["span_share"], "total_ms": worst["total_ms"],
+                     **({"server_span_ms": server_span} if server_span else {})},
             changes={("ui",): {"stream": False}},
             advice="turn buffering off in the proxy (nginx: proxy_buffering off, or X-Accel-Buffering: no); "
             "until then streaming buys nothing, and batch mode's replies are cacheable"))
@@ -233,7 +283,7 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
     if m["stalled_streams"]:
         need = math.ceil(READ_TIMEOUT_FACTOR * gap / 1000)
         changes: Changes = {}
-        if settings.http.read_timeout_s < need:
+        if http.read_timeout_s < need:
             changes[table] = {"read_timeout_s": float(max(60, need))}
         if settings.ui.stall_s * 1000 > gap:  # the HUD's stall badge would never show this one
             changes[("ui",)] = {"stall_s": max(0.5, math.floor(gap / 200) / 10)}
@@ -241,9 +291,9 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
             "streaming", "streaming.stall", "warn", f"streams stall mid-reply for up to {_fmt(gap)}",
             f"{m['stalled_streams']} of {n} streams had a gap of {_fmt(gap)} between chunks (median gap "
             f"{_fmt(_median([a['median_gap_ms'] for a in arrivals if a['median_gap_ms'] is not None]))}){own}",
-            effect_ms=gap, changes=changes,
+            effect_ms=gap, changes=changes, figures={"longest_gap_ms": gap},
             advice=("raise read_timeout_s above it" if table in changes else
-                    f"read_timeout_s ({settings.http.read_timeout_s:g} s) outlasts it; the pause is the "
+                    f"read_timeout_s ({http.read_timeout_s:g} s) outlasts it; the pause is the "
                     "server's or a proxy's: look at its logs, its load, its batch scheduler")))
     elif n:
         out.append(Finding("streaming", "streaming.stall", "pass", "no stalls",
@@ -251,31 +301,33 @@ def _streaming(report: Report, settings: Settings, table: tuple[str, ...]) -> li
     ttft = m["ttft_ms"]
     slowest = max(ttft.get("p99") or 0.0, gap)
     need_s = math.ceil(READ_TIMEOUT_FACTOR * slowest / 1000)
-    short = settings.http.read_timeout_s < need_s
+    short = http.read_timeout_s < need_s
     out.append(Finding(
         "streaming", "streaming.timing", "warn" if short else "pass",
         f"TTFT p50 {_fmt(ttft['p50'])} p99 {_fmt(ttft['p99'])}; ITL p50 {_fmt(m['itl_ms']['p50'])} "
         f"p99 {_fmt(m['itl_ms']['p99'])}; TPOT p50 {_fmt(m['tpot_ms']['p50'])}",
-        f"{m['succeeded']} streams" + (f"; read_timeout_s {settings.http.read_timeout_s:g} s is under "
+        f"{m['succeeded']} streams" + (f"; read_timeout_s {http.read_timeout_s:g} s is under "
                                        f"{READ_TIMEOUT_FACTOR:g}x the slowest wait seen" if short else ""),
-        effect_ms=None, changes={table: {"read_timeout_s": float(max(60, need_s))}} if short else {}))
+        effect_ms=None, changes={table: {"read_timeout_s": float(max(60, need_s))}} if short else {},
+        figures={"read_timeout_s": http.read_timeout_s, "slowest_wait": slowest} if short else {}))
     return out
 
 
-def _server(report: Report, settings: Settings, table: tuple[str, ...]) -> list[Finding]:
+def _server(report: Report, settings: Settings, http: HttpSettings, table: tuple[str, ...]) -> list[Finding]:
     m = report.measurements["server"]
     out: list[Finding] = []
     cold = m.get("cold_start", {})
     if cold.get("judged"):
         if cold["cold"]:
-            load = cold.get("server_model_load_ms") or 0.0
+            load = shown(cold.get("server_model_load_ms") or 0.0)
             said = f"; the server reported a model load of {_fmt(load)}" if load else ""
+            first, later = shown(cold["first_ttft_ms"]), shown(cold["later_ttft_ms_median"])
             out.append(Finding(
                 "server", "server.cold_start", "warn", "cold start: the first request waits for the model",
-                f"first token {_fmt(cold['first_ttft_ms'])} on the first request against a median "
-                f"{_fmt(cold['later_ttft_ms_median'])} after it{said}",
-                effect_ms=cold["extra_ms"], effect_per="conversation (its first request)",
+                f"first token {_fmt(first)} on the first request against a median {_fmt(later)} after it{said}",
+                effect_ms=max(first - later, load), effect_per="conversation (its first request)",
                 changes={table: {"warmup": True}},
+                figures={"first_ttft_ms": first, "later_ttft_median_ms": later, "server_model_load_ms": load},
                 advice="keep the model loaded on the server (llama.cpp and Ollama: keep_alive; vLLM stays "
                 "loaded), or send one tiny request when it starts; warm-up keeps the connection, not the model"))
         else:
@@ -286,11 +338,15 @@ def _server(report: Report, settings: Settings, table: tuple[str, ...]) -> list[
     if idle and "cold" in idle:
         if idle["cold"]:
             ping = max(1.0, math.floor(idle["idle_s"] / 2))
+            # Pings already at least that often need no change (0 is off).
+            often = 0 < http.keepalive_ping_s <= ping
+            extra = shown(idle["extra_ms"])
             out.append(Finding(
                 "server", "server.idle", "warn", f"after {idle['idle_s']:.0f} s idle the model is cold again",
-                f"first token {_fmt(idle['ttft_ms'])}, {_fmt(idle['extra_ms'])} over the warm median",
-                effect_ms=idle["extra_ms"], effect_per="request after an idle spell",
-                changes={table: {"keepalive_ping_s": ping}},
+                f"first token {_fmt(idle['ttft_ms'])}, {_fmt(extra)} over the warm median",
+                effect_ms=extra, effect_per="request after an idle spell",
+                changes={} if often else {table: {"keepalive_ping_s": ping}},
+                figures={"extra_ms": extra},
                 advice="ping more often than the server unloads (if its pings reach the model); better, "
                 "raise the server's idle unload time"))
         else:
@@ -308,6 +364,8 @@ def _server(report: Report, settings: Settings, table: tuple[str, ...]) -> list[
                 f"{burst['parallel']} parallel requests: {burst['saturated_requests']} queued, up to "
                 f"{_fmt(burst['queue_ms_max'])} before work began{metrics}",
                 effect_ms=mean_q, effect_per="request under parallel load",
+                figures={"saturated_requests": float(burst["saturated_requests"]),
+                         "queue_ms_max": burst["queue_ms_max"]},
                 changes={("batch",): {"concurrency": served}},
                 advice="send no more at once than it serves; for bulk work use the provider's Batch API "
                 "(llmchat batch --via batch-api): it queues on the server's side, not in your latency"))
@@ -339,6 +397,7 @@ def _limits(report: Report, settings: Settings) -> list[Finding]:
                 f"rate limit near exhaustion: {left:g} of {limit:g} {kind} left",
                 f"x-ratelimit-remaining-{kind}: {left:g} of {limit:g}{resets}",
                 effect_ms=None if reset is None else reset * 1000, effect_per="request once it runs out (429)",
+                figures={"remaining": left, "limit": limit},
                 changes=changes,
                 advice="spread bursts (fewer at once) and let retries wait the reset; bulk work belongs in the "
                 "provider's Batch API (llmchat batch --via batch-api), which has its own, larger limits"))

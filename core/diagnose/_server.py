@@ -77,7 +77,7 @@ async def saturation_burst(ctx: Context, signals: ServerSignals) -> dict[str, An
     (and the /metrics snapshot taken beside it when the provider names a metrics_url)."""
     n = BURST
     ctx.take(n, "parallel burst")
-    async with ctx.client(max_connections=max(n, ctx.settings.http.max_connections)) as client:
+    async with ctx.client(max_connections=max(n, ctx.http.max_connections)) as client:
         signals.follow(client)
         results = await asyncio.gather(*(one_stream(client, ctx, prompt=f"{PROMPT} [{i}]") for i in range(n)))
     ctx.tick("parallel burst")

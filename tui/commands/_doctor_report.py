@@ -87,6 +87,10 @@ def render(report: Report, *, config_path: str = "", cols: int | None = None) ->
             out += _finding(f, cols, detail=True)
         for step, error in errors.items():
             out += _wrap(f"{step}: {error}", f"  {MARKS['fail']} ", _INDENT, cols)
+    if report.contradictions:  # the doctor's own self-check: a bug to report, never advice to follow
+        out += ["", "Self-check (a bug in llmchat doctor; please report it)"]
+        for line in report.contradictions:
+            out += _wrap(line, f"  {MARKS['warn']} ", _INDENT, cols)
     if report.skipped:
         out += ["", "Skipped"]
         for reason in report.skipped:
