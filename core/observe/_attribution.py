@@ -292,6 +292,7 @@ def attribute(
         b.notes[:0] = report.notes
         if _saturated(record, report):
             flags.append("saturation")
+        b.notes.extend(record_notes(record))
     if metrics is not None:
         _read_metrics(metrics, flags, b.notes)
     spotted = detector is not None and detector.observe(record)  # fed every record, whatever the report
@@ -366,15 +367,17 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
         if think is not None and send_end <= think < first:
             # Cut at the first reasoning token: what the server reports about its prefill fits before it.
             decode_think = min(max(0, record.decode_before_reasoning_ns), decode_first)
-            _to_first_token(b, record, report, think - send_end, decode_think, send_end)
             thinking = first - think
+            spill = _generation_spill(record, report, end - first, decode_ns - decode_first, thinking)
+            _to_first_token(b, record, report, think - send_end, decode_think, send_end, spill)
             decode_during = min(decode_first - decode_think, thinking)
             b.add("decode", decode_during)
             b.add("thinking", thinking - decode_during, keep_zero=True)
             b.notes.append(f"thinking {_seconds(thinking)} of {_seconds(first - record.t0_ns)} to first token")
         else:
-            _to_first_token(b, record, report, first - send_end, decode_first, send_end)
-        _streaming(b, report, end - first, decode_ns - decode_first, thinking)
+            spill = _generation_spill(record, report, end - first, decode_ns - decode_first, 0)
+            _to_first_token(b, record, report, first - send_end, decode_first, send_end, spill)
+        _streaming(b, report, end - first, decode_ns - decode_first, thinking, spill)
     else:
         _reply(b, report, end - send_end, decode_ns)
     return b
@@ -394,8 +397,23 @@ def _model_lookup(b: _Builder, record: TimingRecord, t0: int, attempt: int) -> i
     return span
 
 
+def _generation_spill(record: TimingRecord, report: ServerReport, span: int, decode: int, thinking: int) -> int:
+    """How much of the reported generation happened before the first token arrived: none, unless the chunks
+    were bunched (``record.bunched``), when the server generated most of the reply while the client still
+    waited for its first bytes. The generation that does not fit in the streaming span is put there, so no
+    span is counted twice (before, it was both the network's share of the time to first token and the
+    server's generation while streaming, and unexplained went negative by as much)."""
+    if not record.bunched or report.reporter not in (LLMCHAT, LLAMA_CPP) or report.generation_ns is None \
+            or report.prefill_ns is None:
+        return 0
+    generation = max(0, report.generation_ns - thinking)
+    room = max(0, span - min(max(0, decode), span))
+    return max(0, generation - room)
+
+
 def _to_first_token(
-    b: _Builder, record: TimingRecord, report: ServerReport, span: int, decode: int, send_end: int
+    b: _Builder, record: TimingRecord, report: ServerReport, span: int, decode: int, send_end: int,
+    spill: int = 0,
 ) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
@@ -405,7 +423,9 @@ def _to_first_token(
         if report.load_ns is not None:
             b.add("server_model_load", report.load_ns, keep_zero=True)
         b.add("server_prefill", report.prefill_ns, keep_zero=True)
-        claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns
+        # A bunched stream's generation, before its first token arrived (``_generation_spill``).
+        b.add("server_generation", spill)
+        claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns + spill
         b.add_derived("network_first_token", span, claimed, "to-first-token")
     elif report.reporter == OPENAI and report.processing_ns is not None:
         headers = record.phases.headers_ns
@@ -422,12 +442,14 @@ def _seconds(ns: int) -> str:
     return f"{ns / 1e9:.1f} s" if ns >= 1_000_000_000 else f"{ns / _NS_PER_MS:.0f} ms"
 
 
-def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0) -> None:
+def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0,
+               spill: int = 0) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
     if report.reporter in (LLMCHAT, LLAMA_CPP) and report.generation_ns is not None:
-        # The reported generation began with the reasoning tokens, measured above as thinking.
-        generation = max(0, report.generation_ns - thinking)
+        # The reported generation began with the reasoning tokens, measured above as thinking; a bunched
+        # stream's spill is counted before the first token already.
+        generation = max(0, report.generation_ns - thinking - spill)
         b.add("server_generation", generation, keep_zero=True)
         b.add_derived("network_stream", span, decode + generation, "streaming")
     else:
@@ -452,6 +474,30 @@ def _reply(b: _Builder, report: ServerReport, span: int, decode: int) -> None:
         b.add("network_server", span - decode, keep_zero=True)
         return
     b.add_derived("network_reply", span, claimed, "reply")
+
+
+BUNCHED_NOTE = "the chunks arrived together"
+TRUNCATED_NOTE = "the server counted"
+
+
+def record_notes(record: TimingRecord) -> list[str]:
+    """What a record's own figures need said beside them, one line each: chunks that arrived together (so the
+    rate is the server's, or the stream's span), a prompt the server counted far shorter than sent (a context
+    shift that dropped the start of the conversation). Empty for an ordinary reply; attribution's notes
+    include these, and ``llmchat ask --stats`` prints them."""
+    notes = []
+    if record.bunched:
+        source = record.rate_source
+        where = ("the server's own timings" if source == "server" else
+                 "the output tokens over the stream's span" if source == "span" else "no figure")
+        notes.append(f"{BUNCHED_NOTE} ({record.content_chunks} in {record.content_reads} "
+                     f"read{'s' if record.content_reads != 1 else ''}): tokens/s and the generation come from "
+                     f"{where}, not from their arrival")
+    if record.prompt_truncated:
+        notes.append(f"{TRUNCATED_NOTE} {record.prompt_tokens:,} prompt tokens of about "
+                     f"{record.prompt_sent_tokens:,} sent: it dropped the start of the conversation (a context "
+                     "shift); start a new conversation, or give the server a larger context window")
+    return notes
 
 
 def _saturated(record: TimingRecord, report: ServerReport) -> bool:

@@ -23,6 +23,7 @@ from llmchat.core import (
     Settings,
     format_shares,
     load_settings,
+    record_notes,
 )
 from llmchat.core import text as _text
 from llmchat.core.errors import APIError, UsageError
@@ -156,6 +157,9 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         split = format_shares(attribution)
         if split:
             print(f"llmchat: {split}", file=sys.stderr)
+        for note in record_notes(record):
+            # Chunks that arrived together, a prompt the server cut: the figures above need them said.
+            print(f"llmchat: {note}", file=sys.stderr)
         print(stats_line(record), file=sys.stderr)
     if record is not None and record.replaced_chars:
         n = record.replaced_chars
