@@ -44,6 +44,11 @@ and TLS (the connection it opened is the request's) and the rest as ``model look
 - llama.cpp's ``prompt_ms`` is the prefill and ``predicted_ms`` the generation; OpenAI's
   ``openai-processing-ms`` is the server's share of the time to the response headers, the rest up to the first
   token stays unsplit.
+- A bunched stream (``TimingRecord.bunched``: its chunks arrived together, as llama-server's over loopback
+  often do) had most of its generation happen before its first token arrived: the reported generation goes
+  where it fits, the streaming span first and the rest of the time to first token, so it is counted once;
+  a note says the chunks arrived together. A prompt the server counted far shorter than sent
+  (``TimingRecord.prompt_truncated``) gets a note too (``record_notes``).
 - A cache hit is all client.
 - Render lag (from the TUI) happens after the bytes arrived, so it is outside the total: it is in ``after``.
 
@@ -368,16 +373,21 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
             # Cut at the first reasoning token: what the server reports about its prefill fits before it.
             decode_think = min(max(0, record.decode_before_reasoning_ns), decode_first)
             thinking = first - think
-            spill = _generation_spill(record, report, end - first, decode_ns - decode_first, thinking)
-            _to_first_token(b, record, report, think - send_end, decode_think, send_end, spill)
+            split = _bunched_generation(record, report, think - send_end, decode_think, end - first,
+                                        decode_ns - decode_first, thinking)
+            _to_first_token(b, record, report, think - send_end, decode_think, send_end,
+                            0 if split is None else split[0])
             decode_during = min(decode_first - decode_think, thinking)
             b.add("decode", decode_during)
             b.add("thinking", thinking - decode_during, keep_zero=True)
             b.notes.append(f"thinking {_seconds(thinking)} of {_seconds(first - record.t0_ns)} to first token")
         else:
-            spill = _generation_spill(record, report, end - first, decode_ns - decode_first, 0)
-            _to_first_token(b, record, report, first - send_end, decode_first, send_end, spill)
-        _streaming(b, report, end - first, decode_ns - decode_first, thinking, spill)
+            split = _bunched_generation(record, report, first - send_end, decode_first, end - first,
+                                        decode_ns - decode_first, 0)
+            _to_first_token(b, record, report, first - send_end, decode_first, send_end,
+                            0 if split is None else split[0])
+        _streaming(b, report, end - first, decode_ns - decode_first, thinking,
+                   None if split is None else split[1])
     else:
         _reply(b, report, end - send_end, decode_ns)
     return b
@@ -397,18 +407,27 @@ def _model_lookup(b: _Builder, record: TimingRecord, t0: int, attempt: int) -> i
     return span
 
 
-def _generation_spill(record: TimingRecord, report: ServerReport, span: int, decode: int, thinking: int) -> int:
-    """How much of the reported generation happened before the first token arrived: none, unless the chunks
-    were bunched (``record.bunched``), when the server generated most of the reply while the client still
-    waited for its first bytes. The generation that does not fit in the streaming span is put there, so no
-    span is counted twice (before, it was both the network's share of the time to first token and the
-    server's generation while streaming, and unexplained went negative by as much)."""
+def _bunched_generation(record: TimingRecord, report: ServerReport, first_span: int, first_decode: int,
+                        stream_span: int, stream_decode: int, thinking: int) -> tuple[int, int] | None:
+    """A bunched stream's reported generation, split where it happened: (before the first token arrived,
+    while streaming). None unless the chunks were bunched (``record.bunched``) and the server reported a
+    prefill and a generation.
+
+    Bunched, the server generated most of the reply while the client still waited for its first bytes; put
+    all in the streaming span it was both the network's share of the time to first token and the server's
+    generation while streaming, and unexplained went negative by as much. So the streaming span takes what
+    fits in it, the time to first token what fits there after the server's queue, load and prefill, and a
+    remainder that fits in neither (clocks: a server stamp a little before the client's) is left out rather
+    than shown as negative time: the server's figure is what tokens/s reads already."""
     if not record.bunched or report.reporter not in (LLMCHAT, LLAMA_CPP) or report.generation_ns is None \
             or report.prefill_ns is None:
-        return 0
+        return None
     generation = max(0, report.generation_ns - thinking)
-    room = max(0, span - min(max(0, decode), span))
-    return max(0, generation - room)
+    while_streaming = min(generation, max(0, stream_span - min(max(0, stream_decode), stream_span)))
+    claimed_first = min(max(0, first_decode), first_span) + (report.queue_ns or 0) + (report.load_ns or 0) \
+        + report.prefill_ns
+    before_first = min(generation - while_streaming, max(0, first_span - claimed_first))
+    return before_first, while_streaming
 
 
 def _to_first_token(
@@ -423,7 +442,7 @@ def _to_first_token(
         if report.load_ns is not None:
             b.add("server_model_load", report.load_ns, keep_zero=True)
         b.add("server_prefill", report.prefill_ns, keep_zero=True)
-        # A bunched stream's generation, before its first token arrived (``_generation_spill``).
+        # A bunched stream's generation, before its first token arrived (``_bunched_generation``).
         b.add("server_generation", spill)
         claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns + spill
         b.add_derived("network_first_token", span, claimed, "to-first-token")
@@ -443,13 +462,13 @@ def _seconds(ns: int) -> str:
 
 
 def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0,
-               spill: int = 0) -> None:
+               bunched: int | None = None) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
     if report.reporter in (LLMCHAT, LLAMA_CPP) and report.generation_ns is not None:
-        # The reported generation began with the reasoning tokens, measured above as thinking; a bunched
-        # stream's spill is counted before the first token already.
-        generation = max(0, report.generation_ns - thinking - spill)
+        # The reported generation began with the reasoning tokens, measured above as thinking; of a bunched
+        # stream's, only what fits in this span (``_bunched_generation``).
+        generation = max(0, report.generation_ns - thinking) if bunched is None else bunched
         b.add("server_generation", generation, keep_zero=True)
         b.add_derived("network_stream", span, decode + generation, "streaming")
     else:
