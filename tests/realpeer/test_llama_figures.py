@@ -9,6 +9,7 @@ reads: before the fix, tokens/s read 18,000-107,000 where its ``timings`` said a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -34,7 +35,7 @@ def _client(server: Any) -> ChatClient:
     return ChatClient(base_url=server.base_url, model=server.model, use_cache=False)
 
 
-async def _stream(client: ChatClient, messages: list[dict[str, Any]], max_tokens: int) -> Any:
+async def _stream(client: ChatClient, messages: Sequence[Mapping[str, Any]], max_tokens: int) -> Any:
     stream = client.stream(messages, max_tokens=max_tokens, temperature=0)
     async with stream:
         _ = [p async for p in stream]
