@@ -73,6 +73,7 @@ from llmchat.core.observe import (
     format_shares,
     part_samples,
     percentile,
+    record_notes,
     shares_over,
 )
 from llmchat.core.policy import MicroBatcher, ReplyCache, RetryEvent
@@ -145,6 +146,7 @@ __all__ = [
     "parse_server_metrics",
     "part_samples",
     "percentile",
+    "record_notes",
     "resolve_provider",
     "scrape_server_metrics",
     "shares_over",

@@ -39,7 +39,7 @@ SURFACE: dict[str, list[str]] = {
         "Settings", "StreamCutError", "TLSError", "TimeoutError", "TimingRecord", "UISettings", "UsageError",
         "Warmer", "WarmupState", "__version__", "attribute", "default_config_path", "format_shares",
         "load_settings", "mask_secret", "mask_url", "parse_server_metrics", "part_samples", "percentile",
-        "resolve_provider", "scrape_server_metrics", "shares_over",
+        "record_notes", "resolve_provider", "scrape_server_metrics", "shares_over",
         "Pools",
         "RateLimitHeld",
     ],
@@ -101,7 +101,7 @@ SURFACE: dict[str, list[str]] = {
         "RequestDone", "RequestLog", "RequestStarted", "RetryPlanned", "Series", "ServerMetricsSampled",
         "ServerState", "Spread", "TimingRecord", "WarmupState", "attach_observers", "attribute", "failed",
         "format_shares", "load_prometheus_client", "part_samples", "percentile", "prices_from_settings",
-        "shares_over", "start_exporter",
+        "record_notes", "shares_over", "start_exporter",
         "Headroom", "Price", "RateLimitHeld", "round_ms",
     ],
     "llmchat.core.policy": [

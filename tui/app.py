@@ -133,6 +133,9 @@ def reply_note(summary: dict[str, Any] | None) -> str:
         parts.append(f"{summary['tokens_per_s']:.0f} tok/s")
     if summary.get("retries"):
         parts.append(f"{summary['retries']} retries")
+    if summary.get("prompt_truncated"):
+        parts.append(f"the server counted {summary.get('prompt_tokens')} of about "
+                     f"{summary.get('prompt_sent_tokens')} prompt tokens: it dropped the conversation's start")
     return " · ".join(p for p in parts if p)
 
 
@@ -942,6 +945,9 @@ class ChatApp(BranchActions, App[None]):
         hud = self._on_main_screen(Hud)
         if hud is not None:
             hud.show_context(fit)
+        if fit.note:
+            # After a refusal for length: what the budget learnt, said once.
+            self.notify(fit.note, timeout=8, markup=False)
         if fit.turns_left_out:
             turns = "1 earlier turn" if fit.turns_left_out == 1 else f"{fit.turns_left_out} earlier turns"
             self.notify(f"{turns} left out to fit the {fit.window:,}-token context window "

@@ -5,14 +5,8 @@ server's /metrics, and fitting a conversation into the model's context window.
 from __future__ import annotations
 
 from llmchat.core.client._client import ChatClient, ChatReply, ChatStream, endpoint_from_settings
-from llmchat.core.client._fit import (
-    MESSAGE_TOKENS,
-    REPLY_TOKENS,
-    ContextBudget,
-    ContextFit,
-    ContextOverflowError,
-    estimate_tokens,
-)
+from llmchat.core.client._count import MESSAGE_TOKENS, REPLY_TOKENS, estimate_tokens
+from llmchat.core.client._fit import ContextBudget, ContextFit, ContextOverflowError
 from llmchat.core.client._metrics_poller import ServerMetricsPoller, summarize_snapshots
 from llmchat.core.client._server_metrics import parse_server_metrics, scrape_server_metrics
 from llmchat.core.client._signals import ServerSignals

@@ -20,6 +20,7 @@ from typing import Any
 
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
+from llmchat.core.client._count import estimate_prompt
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
 from llmchat.core.http import (
     Endpoint,
@@ -448,6 +449,7 @@ class ChatClient:
         finally:
             if record.end_ns is None:
                 record.end_ns = time.perf_counter_ns()
+            _count_sent(record, messages)
             self.bus.publish(RequestDone(record, answer))
 
     def _from_cache(self, hit: Mapping[str, Any], record: TimingRecord) -> ChatReply:
@@ -584,6 +586,7 @@ class ChatStream:
                 record.end_ns = time.perf_counter_ns()
             if not record.usage_from_server:
                 record.output_tokens = record.content_chunks
+            _count_sent(record, self.messages)
             bus.publish(RequestDone(record, self.text))
 
     async def _replay_or_stream(self) -> AsyncIterator[str]:
@@ -678,6 +681,8 @@ class ChatStream:
                         record.decode_before_reasoning_ns = record.decode_ns
                 events = decoder.feed(raw)
                 record.decode_ns += time.perf_counter_ns() - now
+                # Per read, not per event: whether this read carried content (``record.bunched`` reads it).
+                seen = record.content_chunks
                 for event in events:
                     data = event.data
                     if event.event == "error":
@@ -725,6 +730,8 @@ class ChatStream:
                         record.server_timing = delta.server_timing
                     if delta.timings:
                         record.server_reported = delta.timings
+                if record.content_chunks != seen:
+                    record.content_reads += 1
                 if done:
                     break
             tail, reasoning_tail = answer_joiner.flush(), reasoning_joiner.flush()
@@ -791,6 +798,13 @@ def _apply_usage(record: TimingRecord, usage: Mapping[str, Any] | None, *, fallb
             record.prompt_tokens = usage["prompt_tokens"]
     elif not record.usage_from_server:
         record.output_tokens = fallback_tokens
+
+
+def _count_sent(record: TimingRecord, messages: Sequence[Message]) -> None:
+    """The prompt's estimate beside the server's count, once the server gave one and nobody counted better
+    (a ``ContextBudget`` sets it when the request starts): ``record.prompt_truncated`` compares the two."""
+    if record.prompt_tokens is not None and record.prompt_sent_tokens is None and not record.cache_hit:
+        record.prompt_sent_tokens = estimate_prompt(messages)
 
 
 def _fail(record: TimingRecord, exc: errors.APIError) -> None:

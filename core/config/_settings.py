@@ -268,8 +268,18 @@ class ServerSettings:
     """Each batch expires once half its lines are done (at the end of its turnaround): the rest are in the error
     file as batch_expired, as OpenAI writes them."""
     context_window: int = 0
-    """The context window /v1/models reports (as vLLM's max_model_len and llama.cpp's meta.n_ctx_train); a
-    chat whose prompt and max_tokens do not fit in it is refused with 400, as vLLM does; 0 reports none."""
+    """The context window /v1/models reports (as vLLM's max_model_len and llama.cpp's meta.n_ctx_train) and
+    GET /props states (as llama.cpp's n_ctx); a chat whose prompt and max_tokens do not fit in it is refused
+    with 400, as vLLM does; 0 reports none."""
+    template_overhead: int = 0
+    """Tokens per message that usage.prompt_tokens (and the window check) count beyond OpenAI's 4 of framing,
+    as a chat template does (llama.cpp's costs about 10 more); /tokenize still counts the text alone."""
+    timings: bool = False
+    """Send llama.cpp's timings object (prompt_n, prompt_ms, predicted_n, predicted_ms, ...) in the last
+    chunk of a stream and in every whole reply, beside server_timing."""
+    bunch: int = 1
+    """Send this many paced stream events per write (as llama-server over loopback often delivers several
+    in one read); 1 writes each token as it is due."""
     prefill_tokens_per_s: float = 0.0
     """Prompt processing speed: the first token waits (prompt tokens / this) longer, as on a real server,
     where a longer history costs prefill time; 0 adds none."""

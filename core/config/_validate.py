@@ -142,6 +142,8 @@ RULES: dict[str, Rule] = {
     "server.batch_fail_share": _PROBABILITY,
     "server.reasoning_tokens": _NON_NEGATIVE_INT,
     "server.context_window": _NON_NEGATIVE_INT,
+    "server.template_overhead": _NON_NEGATIVE_INT,
+    "server.bunch": _POSITIVE_INT,
     "server.prefill_tokens_per_s": Rule("a non-negative number of tokens per second", lambda v: v >= 0),
 }
 

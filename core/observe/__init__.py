@@ -12,6 +12,7 @@ from llmchat.core.observe._attribution import (
     attribute,
     format_shares,
     part_samples,
+    record_notes,
     shares_over,
 )
 from llmchat.core.observe._baselines import BaselineStore
@@ -78,6 +79,7 @@ __all__ = [
     "load_prometheus_client",
     "part_samples",
     "percentile",
+    "record_notes",
     "round_ms",
     "prices_from_settings",
     "shares_over",

@@ -44,6 +44,11 @@ and TLS (the connection it opened is the request's) and the rest as ``model look
 - llama.cpp's ``prompt_ms`` is the prefill and ``predicted_ms`` the generation; OpenAI's
   ``openai-processing-ms`` is the server's share of the time to the response headers, the rest up to the first
   token stays unsplit.
+- A bunched stream (``TimingRecord.bunched``: its chunks arrived together, as llama-server's over loopback
+  often do) had most of its generation happen before its first token arrived: the reported generation goes
+  where it fits, the streaming span first and the rest of the time to first token, so it is counted once;
+  a note says the chunks arrived together. A prompt the server counted far shorter than sent
+  (``TimingRecord.prompt_truncated``) gets a note too (``record_notes``).
 - A cache hit is all client.
 - Render lag (from the TUI) happens after the bytes arrived, so it is outside the total: it is in ``after``.
 
@@ -292,6 +297,7 @@ def attribute(
         b.notes[:0] = report.notes
         if _saturated(record, report):
             flags.append("saturation")
+        b.notes.extend(record_notes(record))
     if metrics is not None:
         _read_metrics(metrics, flags, b.notes)
     spotted = detector is not None and detector.observe(record)  # fed every record, whatever the report
@@ -366,15 +372,22 @@ def _timeline(record: TimingRecord, report: ServerReport, total_ns: int) -> _Bui
         if think is not None and send_end <= think < first:
             # Cut at the first reasoning token: what the server reports about its prefill fits before it.
             decode_think = min(max(0, record.decode_before_reasoning_ns), decode_first)
-            _to_first_token(b, record, report, think - send_end, decode_think, send_end)
             thinking = first - think
+            split = _bunched_generation(record, report, think - send_end, decode_think, end - first,
+                                        decode_ns - decode_first, thinking)
+            _to_first_token(b, record, report, think - send_end, decode_think, send_end,
+                            0 if split is None else split[0])
             decode_during = min(decode_first - decode_think, thinking)
             b.add("decode", decode_during)
             b.add("thinking", thinking - decode_during, keep_zero=True)
             b.notes.append(f"thinking {_seconds(thinking)} of {_seconds(first - record.t0_ns)} to first token")
         else:
-            _to_first_token(b, record, report, first - send_end, decode_first, send_end)
-        _streaming(b, report, end - first, decode_ns - decode_first, thinking)
+            split = _bunched_generation(record, report, first - send_end, decode_first, end - first,
+                                        decode_ns - decode_first, 0)
+            _to_first_token(b, record, report, first - send_end, decode_first, send_end,
+                            0 if split is None else split[0])
+        _streaming(b, report, end - first, decode_ns - decode_first, thinking,
+                   None if split is None else split[1])
     else:
         _reply(b, report, end - send_end, decode_ns)
     return b
@@ -394,8 +407,32 @@ def _model_lookup(b: _Builder, record: TimingRecord, t0: int, attempt: int) -> i
     return span
 
 
+def _bunched_generation(record: TimingRecord, report: ServerReport, first_span: int, first_decode: int,
+                        stream_span: int, stream_decode: int, thinking: int) -> tuple[int, int] | None:
+    """A bunched stream's reported generation, split where it happened: (before the first token arrived,
+    while streaming). None unless the chunks were bunched (``record.bunched``) and the server reported a
+    prefill and a generation.
+
+    Bunched, the server generated most of the reply while the client still waited for its first bytes; put
+    all in the streaming span it was both the network's share of the time to first token and the server's
+    generation while streaming, and unexplained went negative by as much. So the streaming span takes what
+    fits in it, the time to first token what fits there after the server's queue, load and prefill, and a
+    remainder that fits in neither (clocks: a server stamp a little before the client's) is left out rather
+    than shown as negative time: the server's figure is what tokens/s reads already."""
+    if not record.bunched or report.reporter not in (LLMCHAT, LLAMA_CPP) or report.generation_ns is None \
+            or report.prefill_ns is None:
+        return None
+    generation = max(0, report.generation_ns - thinking)
+    while_streaming = min(generation, max(0, stream_span - min(max(0, stream_decode), stream_span)))
+    claimed_first = min(max(0, first_decode), first_span) + (report.queue_ns or 0) + (report.load_ns or 0) \
+        + report.prefill_ns
+    before_first = min(generation - while_streaming, max(0, first_span - claimed_first))
+    return before_first, while_streaming
+
+
 def _to_first_token(
-    b: _Builder, record: TimingRecord, report: ServerReport, span: int, decode: int, send_end: int
+    b: _Builder, record: TimingRecord, report: ServerReport, span: int, decode: int, send_end: int,
+    spill: int = 0,
 ) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
@@ -405,7 +442,9 @@ def _to_first_token(
         if report.load_ns is not None:
             b.add("server_model_load", report.load_ns, keep_zero=True)
         b.add("server_prefill", report.prefill_ns, keep_zero=True)
-        claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns
+        # A bunched stream's generation, before its first token arrived (``_bunched_generation``).
+        b.add("server_generation", spill)
+        claimed = decode + (report.queue_ns or 0) + (report.load_ns or 0) + report.prefill_ns + spill
         b.add_derived("network_first_token", span, claimed, "to-first-token")
     elif report.reporter == OPENAI and report.processing_ns is not None:
         headers = record.phases.headers_ns
@@ -422,12 +461,14 @@ def _seconds(ns: int) -> str:
     return f"{ns / 1e9:.1f} s" if ns >= 1_000_000_000 else f"{ns / _NS_PER_MS:.0f} ms"
 
 
-def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0) -> None:
+def _streaming(b: _Builder, report: ServerReport, span: int, decode: int, thinking: int = 0,
+               bunched: int | None = None) -> None:
     decode = min(decode, span)
     b.add("decode", decode, keep_zero=True)
     if report.reporter in (LLMCHAT, LLAMA_CPP) and report.generation_ns is not None:
-        # The reported generation began with the reasoning tokens, measured above as thinking.
-        generation = max(0, report.generation_ns - thinking)
+        # The reported generation began with the reasoning tokens, measured above as thinking; of a bunched
+        # stream's, only what fits in this span (``_bunched_generation``).
+        generation = max(0, report.generation_ns - thinking) if bunched is None else bunched
         b.add("server_generation", generation, keep_zero=True)
         b.add_derived("network_stream", span, decode + generation, "streaming")
     else:
@@ -452,6 +493,30 @@ def _reply(b: _Builder, report: ServerReport, span: int, decode: int) -> None:
         b.add("network_server", span - decode, keep_zero=True)
         return
     b.add_derived("network_reply", span, claimed, "reply")
+
+
+BUNCHED_NOTE = "the chunks arrived together"
+TRUNCATED_NOTE = "the server counted"
+
+
+def record_notes(record: TimingRecord) -> list[str]:
+    """What a record's own figures need said beside them, one line each: chunks that arrived together (so the
+    rate is the server's, or the stream's span), a prompt the server counted far shorter than sent (a context
+    shift that dropped the start of the conversation). Empty for an ordinary reply; attribution's notes
+    include these, and ``llmchat ask --stats`` prints them."""
+    notes = []
+    if record.bunched:
+        source = record.rate_source
+        where = ("the server's own timings" if source == "server" else
+                 "the output tokens over the stream's span" if source == "span" else "no figure")
+        notes.append(f"{BUNCHED_NOTE} ({record.content_chunks} in {record.content_reads} "
+                     f"read{'s' if record.content_reads != 1 else ''}): tokens/s and the generation come from "
+                     f"{where}, not from their arrival")
+    if record.prompt_truncated:
+        notes.append(f"{TRUNCATED_NOTE} {record.prompt_tokens:,} prompt tokens of about "
+                     f"{record.prompt_sent_tokens:,} sent: it dropped the start of the conversation (a context "
+                     "shift); start a new conversation, or give the server a larger context window")
+    return notes
 
 
 def _saturated(record: TimingRecord, report: ServerReport) -> bool:

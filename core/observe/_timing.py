@@ -15,6 +15,15 @@ Definitions (README.md repeats them for users):
   thought, with usage), the span starts at the first reasoning token.
 - tokens/s: output tokens per second of generation, ``(output_tokens - 1) / (last - first)`` in stream mode
   (the decode rate, 1000 / TPOT); ``output_tokens / total`` in batch mode, where no per-token times exist.
+- bunched: the chunks arrived together, so their arrival times say nothing about the generation: on average
+  at least ``BUNCH_EVENTS_PER_READ`` content events per socket read, or a client TPOT below
+  ``BUNCH_GAP_SHARE`` of the server's own per-token time (llama-server over loopback often delivers a whole
+  reply in one or two reads). TPOT and tokens/s then come from the server's own figures (llama.cpp's
+  ``timings.predicted_n / predicted_ms``, else llmchat serve's first-to-last token stamps), else from the
+  output tokens over the stream's span (response headers to the last token); ``rate_source`` says which.
+- prompt truncated: the server's ``usage.prompt_tokens`` is below ``TRUNCATED_SHARE`` of what llmchat counted
+  before sending (``prompt_sent_tokens``), by at least ``TRUNCATED_MIN_TOKENS``: a server that shifts its
+  context (llama.cpp) dropped the start of the conversation without a word.
 - total: t0 to the end of the body (or to the error or the cancel).
 - first reasoning: t0 to the first chunk carrying reasoning (``reasoning_content``, ``reasoning`` or an inline
   ``<think>`` block). Stream mode only.
@@ -33,6 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _NS_PER_MS = 1_000_000
+
+BUNCH_EVENTS_PER_READ = 2.0
+"""Content events per socket read, on average, from which a stream counts as bunched."""
+BUNCH_GAP_SHARE = 0.5
+"""A client TPOT below this share of the server's own per-token time makes a stream bunched."""
+TRUNCATED_SHARE = 0.6
+"""The server counting fewer than this share of the prompt tokens llmchat sent means it cut the prompt."""
+TRUNCATED_MIN_TOKENS = 32
+"""...and by at least this many tokens (a short prompt's counts differ by a template's worth)."""
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
@@ -138,8 +156,14 @@ class TimingRecord:
     end_ns: int | None = None
     chunk_ns: list[int] = field(default_factory=list)
     content_chunks: int = 0
+    content_reads: int = 0
+    """Socket reads that carried answer content (counted per read, not per event): with ``content_chunks``
+    it says whether the chunks arrived together (``bunched``)."""
     output_tokens: int = 0
     prompt_tokens: int | None = None
+    prompt_sent_tokens: int | None = None
+    """The prompt's tokens as llmchat counted them before sending (the context budget's count when it knew
+    every message, else the 4-bytes-a-token estimate); set once the server's usage arrived, to compare."""
     usage_from_server: bool = False
     http_version: str = ""
     status: int | None = None
@@ -256,8 +280,8 @@ class TimingRecord:
         c = self.chunk_ns
         return [(c[i] - c[i - 1]) / _NS_PER_MS for i in range(1, len(c))]
 
-    @property
-    def tpot_ms(self) -> float | None:
+    def _chunk_tpot_ms(self) -> float | None:
+        """TPOT from the chunks' arrival times alone (what the client saw)."""
         if self.first_token_ns is None or self.last_token_ns is None or self.output_tokens < 2:
             return None
         first = self.first_token_ns
@@ -268,12 +292,83 @@ class TimingRecord:
         return (self.last_token_ns - first) / _NS_PER_MS / (self.output_tokens - 1)
 
     @property
+    def reported_tokens_per_s(self) -> float | None:
+        """The server's own decode rate: llama.cpp's ``timings`` (``predicted_n`` over ``predicted_ms``, or
+        its ``predicted_per_second``), else llmchat serve's ``server_timing`` (output tokens - 1 over its first
+        to last token); None when it reports neither (or nothing usable)."""
+        t = self.server_reported
+        if t:
+            n, ms = t.get("predicted_n"), t.get("predicted_ms")
+            if n is not None and ms is not None and n > 0 and 0 < ms < 86_400_000:
+                return n * 1000.0 / ms
+            per_s = t.get("predicted_per_second")
+            if per_s is not None and 0 < per_s < 1e9:
+                return float(per_s)
+        st = self.server_timing
+        if st and self.output_tokens >= 2:
+            first, last = st.get("first_token_ns"), st.get("last_token_ns")
+            if isinstance(first, int) and isinstance(last, int) and 0 < last - first < 86_400 * 10**9:
+                return (self.output_tokens - 1) * 1e9 / (last - first)
+        return None
+
+    @property
+    def bunched(self) -> bool:
+        """The chunks arrived together (see the module docstring), so TPOT and tokens/s do not come from
+        their arrival times. Stream mode only; never for a cache hit."""
+        n = self.content_chunks
+        if self.mode != "stream" or self.cache_hit or n < 2 or self.content_reads < 1:
+            return False
+        if n >= BUNCH_EVENTS_PER_READ * self.content_reads:
+            return True
+        rate = self.reported_tokens_per_s
+        tpot = self._chunk_tpot_ms()
+        return rate is not None and tpot is not None and tpot < BUNCH_GAP_SHARE * 1000.0 / rate
+
+    def _span_rate(self) -> float | None:
+        """Output tokens over the stream's span, response headers (else t0) to the last token: a rate that
+        errs low (the span holds the prefill too), never the thousands a bunched stream's chunks claim."""
+        last = self.last_token_ns
+        if last is None or self.output_tokens < 1:
+            return None
+        start = self.phases.headers_ns if self.phases.headers_ns is not None else self.t0_ns
+        span = last - start
+        return None if span <= 0 else self.output_tokens * 1e9 / span
+
+    @property
+    def rate_source(self) -> str | None:
+        """Where TPOT and tokens/s come from: ``"chunks"`` (their arrival), ``"server"`` (the server's own
+        figures, the chunks being bunched), ``"span"`` (bunched, no server figures: tokens over the stream's
+        span), ``"total"`` (batch mode); None when there is no rate."""
+        if self.mode != "stream":
+            return "total" if self.tokens_per_s is not None else None
+        if self.tpot_ms is None:
+            return None
+        if not self.bunched:
+            return "chunks"
+        return "server" if self.reported_tokens_per_s else "span"
+
+    @property
+    def tpot_ms(self) -> float | None:
+        tpot = self._chunk_tpot_ms()
+        if tpot is None or not self.bunched:
+            return tpot
+        rate = self.reported_tokens_per_s or self._span_rate()
+        return None if not rate else 1000.0 / rate
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.mode == "stream":
             tpot = self.tpot_ms
             return None if not tpot else 1000.0 / tpot
         total = self.total_ms
         return None if not total or not self.output_tokens else self.output_tokens * 1000.0 / total
+
+    @property
+    def prompt_truncated(self) -> bool:
+        """The server counted far fewer prompt tokens than llmchat sent (see the module docstring)."""
+        sent, got = self.prompt_sent_tokens, self.prompt_tokens
+        return (sent is not None and got is not None and got < TRUNCATED_SHARE * sent
+                and sent - got >= TRUNCATED_MIN_TOKENS)
 
     @property
     def server_first_token_mono_ns(self) -> int | None:
@@ -314,6 +409,10 @@ class TimingRecord:
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
             "tokens_per_s": round_ms(self.tokens_per_s),
+            "tokens_per_s_source": self.rate_source,
+            "bunched": self.bunched,
+            "prompt_sent_tokens": self.prompt_sent_tokens,
+            "prompt_truncated": self.prompt_truncated,
             "attempts": self.attempts,
             "retries": len(self.retries),
             "retry_log": [r.describe() for r in self.retries],

@@ -1,10 +1,10 @@
 """The local server's ASGI app: routes, API-key check, rate limit, and the small endpoints.
 
 Routes: ``GET /health``, ``GET /metrics`` (Prometheus text, like vLLM's and llama.cpp's), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /tokenize`` (see
-``_tokenize``), and the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches``). Checks run in the order
-OpenAI's own API runs them: the body is read (413 past 1 MiB), then the key (401), the rate limit (429), the
-body's fields (400) and model (404), then the error dice (5xx).
+``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /tokenize`` and, with
+a context window, ``GET /props`` (see ``_tokenize``), and the Batch API's ``/v1/files`` and ``/v1/batches``
+(``_batches``). Checks run in the order OpenAI's own API runs them: the body is read (413 past 1 MiB), then
+the key (401), the rate limit (429), the body's fields (400) and model (404), then the error dice (5xx).
 Nothing a client sends can produce a traceback: an unexpected exception is one line on stderr and a 500.
 """
 
@@ -28,7 +28,7 @@ from llmchat.core.server._faults import FaultDice, RateLimiter, format_reset
 from llmchat.core.server._http import MAX_BODY, ClientGone, Exchange, HTTPFailure, Receive, Scope, Send
 from llmchat.core.server._replies import chat_charge, count_tokens
 from llmchat.core.server._requests import parse_chat, parse_embeddings, parse_json
-from llmchat.core.server._tokenize import check_request, model_meta, tokenize_body
+from llmchat.core.server._tokenize import check_request, model_meta, props_body, tokenize_body
 
 Handler = Callable[[Exchange], Awaitable[None]]
 
@@ -57,6 +57,9 @@ class ServerApp:
             "/v1/embeddings": {"POST": self._embeddings},
             "/tokenize": {"POST": self._tokenize},
         }
+        if settings.context_window:
+            # llama.cpp's server properties, where a client learns the real window (n_ctx).
+            self._routes["/props"] = {"GET": self._props}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -236,6 +239,10 @@ class ServerApp:
     def _model_object(self, model: str) -> dict[str, object]:
         return {"id": model, "object": "model", "created": self.created, "owned_by": "llmchat",
                 **model_meta(self.settings)}
+
+    async def _props(self, ex: Exchange) -> None:
+        self._authorize(ex)
+        await ex.respond(200, dumps(props_body(self.settings)))
 
     async def _tokenize(self, ex: Exchange) -> None:
         self._authorize(ex)

@@ -7,6 +7,10 @@ due in one write (up to 16 KiB), so a server that falls behind catches up in big
 further behind, and with ``tokens_per_s`` 0 (unlimited) a whole reply goes out in a few writes: the server
 is not the bottleneck of a client benchmark.
 
+Bunching: with ``bunch`` N the paced events are held until N are due and go out in one write, as llama-server
+over loopback often delivers several events in one read (``timings`` adds llama.cpp's self-report, so a client
+can tell its own measure of such a stream from the server's).
+
 Buffering: with ``buffer_stream`` the headers go out at once but every chunk is held until the last, as behind
 a buffering proxy (nginx's ``proxy_buffering``): the pacing still runs, the client sees it all at the end.
 
@@ -119,7 +123,7 @@ class ChatResponder:
         )
         if req.stream and self.settings.split_surrogates:
             reply = split_surrogates(reply)
-        prompt_tokens = count_prompt_tokens(req.messages)
+        prompt_tokens = count_prompt_tokens(req.messages, self.settings.template_overhead)
         rate = self.settings.prefill_tokens_per_s
         prefill = prompt_tokens / rate if rate else 0.0
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + prefill + self.dice.jitter()
@@ -144,7 +148,7 @@ class ChatResponder:
         last_due = first_due + max(0, len(reply.tokens) - 1) * self._interval
         if not await ex.pause(last_due - loop.time()):
             return
-        extra = self._extra(ex, req, first_ns, time.monotonic_ns())
+        extra = self._extra(ex, req, first_ns, time.monotonic_ns(), usage)
         body = _wire.completion(
             self.next_id(), int(time.time()), req.model, reply.text, reply.finish_reason, usage, extra
         )
@@ -179,12 +183,15 @@ class ChatResponder:
         first_ns = last_ns = 0
         due = first_due
         i = 0
+        # With --bunch N the events wait until N are due and go out in one write (a flush also before a
+        # drop or a stall, so those still cut and pause where they would).
+        bunch = self.settings.bunch
+        parts: list[bytes] = []
+        size = 0
         while i < n:
             if not await ex.pause(due - loop.time()):
                 return
             now = loop.time()
-            parts: list[bytes] = []
-            size = 0
             ready = now if not ex.hurrying else float("inf")
             while (
                 i < n
@@ -210,13 +217,15 @@ class ChatResponder:
             if i == n:
                 await self._finish(ex, h11, b"".join(parts))
                 return
-            if parts:
+            stalling = i == stall_at and bool(parts)
+            if parts and (len(parts) >= bunch or size >= MAX_WRITE or i == drop_after or stalling):
                 await ex.write(b"".join(parts))
+                parts, size = [], 0
             if i == drop_after:
                 await asyncio.sleep(DROP_GRACE_S)
                 self.registry.cut(ex.scope.get("client"))
                 return
-            if i == stall_at and parts:
+            if stalling:
                 # The stall is a gap of at least stall_ms after the last token actually sent, however late.
                 origin, origin_k = loop.time() + self._stall, stall_at
                 due = max(due, origin + self.dice.jitter())
@@ -235,14 +244,15 @@ class ChatResponder:
         loop = asyncio.get_running_loop()
         template = _wire.ChunkTemplate(self.next_id(), int(time.time()), req.model, req.include_usage)
         p = self._plan(req, reply, template)
-        usage = _wire.usage(count_prompt_tokens(req.messages), p.completion_tokens)
+        usage = _wire.usage(count_prompt_tokens(req.messages, self.settings.template_overhead),
+                            p.completion_tokens)
         if not req.stream:
             if not await ex.pause(first_due - loop.time()):
                 return
             first_ns = time.monotonic_ns()
             if not await ex.pause(first_due + max(0, p.completion_tokens - 1) * self._interval - loop.time()):
                 return
-            extra = self._extra(ex, req, first_ns, time.monotonic_ns())
+            extra = self._extra(ex, req, first_ns, time.monotonic_ns(), usage)
             await ex.respond(200, _wire.completion(self.next_id(), int(time.time()), req.model, p.content,
                                                    p.finish_reason, usage, extra, whole_message(p)))
             return
@@ -316,7 +326,7 @@ class ChatResponder:
         first_ns: int,
         last_ns: int,
     ) -> bytes:
-        extra = self._extra(ex, req, first_ns, last_ns)
+        extra = self._extra(ex, req, first_ns, last_ns, usage)
         if req.include_usage:
             return (
                 template.last(reply.escaped[-1], reply.finish_reason, None)
@@ -334,15 +344,17 @@ class ChatResponder:
         usage: dict[str, int],
     ) -> bytes:
         now = time.monotonic_ns()
-        extra = self._extra(ex, req, now, now)
+        extra = self._extra(ex, req, now, now, usage)
         if req.include_usage:
             return template.last(b"", reply.finish_reason, None) + template.usage(usage, extra) + _wire.DONE
         return template.last(b"", reply.finish_reason, extra) + _wire.DONE
 
-    @staticmethod
-    def _extra(ex: Exchange, req: ChatRequest, first_ns: int, last_ns: int) -> dict[str, Any]:
+    def _extra(self, ex: Exchange, req: ChatRequest, first_ns: int, last_ns: int,
+               usage: dict[str, int]) -> dict[str, Any]:
         timing = _wire.timing(ex.received_ns, first_ns, last_ns, ex.started_ns, ex.model_load_ns)
         extra: dict[str, Any] = {"server_timing": timing}
+        if self.settings.timings:
+            extra["timings"] = _wire.llama_timings(timing, usage)
         if req.params:
             extra["request_params"] = req.params
         return extra

@@ -175,7 +175,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="report a context window of N tokens in /v1/models (vLLM's max_model_len, llama.cpp's "
-        "meta.n_ctx_train) and refuse a chat that does not fit in it with 400, as vLLM does",
+        "meta.n_ctx_train) and GET /props (llama.cpp's n_ctx), and refuse a chat that does not fit in it "
+        "with 400, as vLLM does",
+    )
+    a(
+        "--template-overhead",
+        type=int,
+        metavar="N",
+        help="count N more tokens per message in usage.prompt_tokens and the window check than OpenAI's 4 "
+        "(as llama.cpp's chat template does; /tokenize counts the text alone)",
+    )
+    a(
+        "--timings",
+        action="store_true",
+        default=None,
+        help="send llama.cpp's timings object (prompt_n, prompt_ms, predicted_n, predicted_ms, ...) in the "
+        "last chunk and every whole reply",
+    )
+    a(
+        "--bunch",
+        type=int,
+        metavar="N",
+        help="send N paced stream events per write, as llama-server over loopback often delivers several in "
+        "one read (default 1)",
     )
     a(
         "--prefill-tokens-per-s",
@@ -235,6 +257,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "buffer_stream",
         "split_surrogates",
         "context_window",
+        "template_overhead",
+        "timings",
+        "bunch",
         "prefill_tokens_per_s",
         "vision",
         "rtt_ms",

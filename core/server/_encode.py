@@ -52,6 +52,25 @@ def timing(
     return out
 
 
+def llama_timings(timing: dict[str, int], usage: dict[str, int]) -> dict[str, float]:
+    """llama.cpp's ``timings`` object from a ``server_timing`` and the usage: the prefill (start of work,
+    after any model load, to the first token) over the prompt tokens, the generation (first to last token)
+    over the completion tokens, with llama.cpp's per-token and per-second figures; ``cache_n`` 0."""
+    prompt_ms = max(0, timing["first_token_ns"] - timing["started_ns"] - timing.get("model_load_ns", 0)) / 1e6
+    predicted_ms = max(0, timing["last_token_ns"] - timing["first_token_ns"]) / 1e6
+    prompt_n, predicted_n = usage["prompt_tokens"], usage["completion_tokens"]
+
+    def per(ms: float, n: int) -> tuple[float, float]:
+        return (ms / n if n else 0.0), (n * 1000.0 / ms if ms > 0 else 0.0)
+
+    prompt_per_token, prompt_per_s = per(prompt_ms, prompt_n)
+    predicted_per_token, predicted_per_s = per(predicted_ms, predicted_n)
+    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": prompt_per_token,
+            "prompt_per_second": prompt_per_s, "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_s,
+            "cache_n": 0}
+
+
 class ChunkTemplate:
     """The ``data: {chat.completion.chunk}\\n\\n`` events of one streamed reply.
 

@@ -115,6 +115,8 @@ def validate_settings(settings: ServerSettings) -> None:
     _check_int(settings, "reasoning_tokens", 0, MAX_REASONING_TOKENS)
     _check_int(settings, "max_requests_per_connection", 0, 10**8)
     _check_int(settings, "embedding_dim", 1, 65536)
+    _check_int(settings, "template_overhead", 0, 10_000)
+    _check_int(settings, "bunch", 1, 100_000)
     _check_int(settings, "default_max_tokens", 1, 1_000_000)
     _check_int(settings, "seed", -(2**63), 2**63 - 1)
     if not settings.host:

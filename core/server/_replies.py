@@ -49,11 +49,12 @@ def chat_charge(body: bytes, default_max_tokens: int) -> int:
     return count_prompt_tokens(messages) + out
 
 
-def count_prompt_tokens(messages: Sequence[dict[str, object]]) -> int:
-    """Prompt tokens as OpenAI counts them for chat: each message's text plus a few tokens of framing."""
+def count_prompt_tokens(messages: Sequence[dict[str, object]], template_overhead: int = 0) -> int:
+    """Prompt tokens as OpenAI counts them for chat: each message's text plus a few tokens of framing, and
+    ``template_overhead`` more per message (a chat template's, as llama.cpp's)."""
     total = 3
     for message in messages:
-        total += 4
+        total += 4 + template_overhead
         for key in ("content", "name"):
             value = message.get(key)
             if isinstance(value, str):

@@ -2,9 +2,11 @@
 
 ``POST /tokenize`` (at the server root, as on llama.cpp and vLLM) takes llama.cpp's ``{"content": TEXT}`` and
 answers ``{"tokens": [...]}``; given vLLM's ``{"prompt": TEXT}`` instead it answers vLLM's ``{"count",
-"max_model_len", "tokens"}``. Token ids are the positions of the reply generator's tokens in a stable hash:
-what a client needs is their number, which is what ``usage.prompt_tokens`` counts. A chat that does not fit
-the window is refused with vLLM's 400; an image to a server without ``vision`` with a 400 like llama.cpp's.
+"max_model_len", "tokens"}``. ``GET /props`` states the window as llama.cpp's does (``n_ctx``). Token ids are
+the positions of the reply generator's tokens in a stable hash: what a client needs is their number, which is
+what ``usage.prompt_tokens`` counts (with ``template_overhead`` more a message, as a chat template costs). A
+chat that does not fit the window is refused with vLLM's 400; an image to a server without ``vision`` with a
+400 like llama.cpp's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ def model_meta(settings: ServerSettings) -> dict[str, Any]:
     if not settings.context_window:
         return {}
     return {"max_model_len": settings.context_window, "meta": {"n_ctx_train": settings.context_window}}
+
+
+def props_body(settings: ServerSettings) -> dict[str, Any]:
+    """The answer to ``GET /props`` as llama.cpp's server gives it: the window as
+    ``default_generation_settings.n_ctx`` (the shape of recent versions; older ones put ``n_ctx`` at the top,
+    which it also states)."""
+    return {"default_generation_settings": {"n_ctx": settings.context_window, "params": {}},
+            "n_ctx": settings.context_window, "total_slots": 1, "model_path": settings.models[0],
+            "build_info": "llmchat serve"}
 
 
 def tokenize_body(payload: dict[str, Any], settings: ServerSettings) -> dict[str, Any]:
@@ -45,7 +56,7 @@ def check_request(request: ChatRequest, settings: ServerSettings) -> None:
     window = settings.context_window
     if not window:
         return
-    prompt = count_prompt_tokens(request.messages)
+    prompt = count_prompt_tokens(request.messages, settings.template_overhead)
     completion = request.max_tokens if request.max_tokens is not None else 0
     if prompt + completion > window:
         raise HTTPFailure(

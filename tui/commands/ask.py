@@ -23,6 +23,7 @@ from llmchat.core import (
     Settings,
     format_shares,
     load_settings,
+    record_notes,
 )
 from llmchat.core import text as _text
 from llmchat.core.errors import APIError, UsageError
@@ -152,7 +153,10 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()
     if args.stats and record is not None and attribution is not None:
-        # The split first: scripts read the timing line as the last one.
+        # The notes, then the split: scripts read the timing line as the last one and the split before it.
+        for note in record_notes(record):
+            # Chunks that arrived together, a prompt the server cut: the figures below need them said.
+            print(f"llmchat: {note}", file=sys.stderr)
         split = format_shares(attribution)
         if split:
             print(f"llmchat: {split}", file=sys.stderr)
