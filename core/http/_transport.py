@@ -424,9 +424,7 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
                 await self._receive_events(request, stream_id)
             queue = events[stream_id]
             if isinstance(queue[0], h2.events.StreamReset):
-                ended = h2.events.StreamEnded()
-                ended.stream_id = stream_id
-                queue[0] = ended
+                queue[0] = h2.events.StreamEnded(stream_id=stream_id)
         return await httpcore.AsyncHTTP2Connection._receive_stream_event(self, request, stream_id)
 
     # httpcore keeps a GOAWAY here and, once it is set, fails every stream on the connection before each
