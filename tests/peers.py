@@ -180,7 +180,8 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 # -- what peers send -----------------------------------------------------------------------------------------
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Request Entity Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Request Entity Too Large",
+            429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable"}
 
 
@@ -268,7 +269,7 @@ def completion(text: str, *, finish_reason: str = "stop") -> dict[str, Any]:
 
 
 # -- an HTTP/2 peer (h2c, prior knowledge), on the h2 library ------------------------------------------------
-class H2Peer:
+class H2Peer(Peer):
     """A scripted h2c server on 127.0.0.1, on the ``h2`` library, in a thread of its own like ``Peer``.
 
     ``mode``:
@@ -286,8 +287,9 @@ class H2Peer:
     reply the peer sent to its end; ``requests`` counts the requests seen. All bounded like ``Peer``'s.
     """
 
-    def __init__(self, mode: Literal["stream", "refuse", "http11", "goaway-cut"] = "stream", *, chunks: int = 200,
-                 interval_s: float = 0.01, refuse_status: int = 413, reset_code: int = 0) -> None:
+    def __init__(self, mode: Literal["stream", "refuse", "http11", "goaway-cut"] = "stream", *,
+                 chunks: int = 200, interval_s: float = 0.01, refuse_status: int = 413, reset_code: int = 0) -> None:
+        super().__init__([])
         self.mode = mode
         self.chunks = chunks
         self.interval_s = interval_s
@@ -295,50 +297,10 @@ class H2Peer:
         self.reset_code = reset_code
         self.resets: list[tuple[int, int]] = []
         self.ended: list[int] = []
-        self.requests = 0
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="test-h2-peer", daemon=True)
-
-    base_url = Peer.base_url
-    start = Peer.start
-    close = Peer.close
-    __exit__ = Peer.__exit__
-    _main = Peer._main
 
     def __enter__(self) -> H2Peer:
-        return self.start()  # type: ignore[return-value]
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            tasks.add(task)
-            try:
-                await self._connection(reader, writer)
-            except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                tasks.discard(task)
-                writer.close()
-
-        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        async with server:
-            await self._stop.wait()
-            server.close()
-            for task in list(tasks):
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=_IO_TIMEOUT_S)
+        self.start()
+        return self
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._stop is not None
@@ -393,7 +355,7 @@ class H2Peer:
             for ev in conn.receive_data(data):
                 if isinstance(ev, h2.events.RequestReceived):
                     self.requests += 1
-                    headers = dict(ev.headers)
+                    headers: dict[Any, Any] = dict(ev.headers or [])
                     paths[ev.stream_id] = (headers[":method"], headers[":path"])
                     method, path = paths[ev.stream_id]
                     if method == "GET":

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from peers import H2Peer
 
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings, errors
-from peers import H2Peer
 
 MSG = [{"role": "user", "content": "hello"}]
 DEADLINE_S = 10.0
@@ -28,19 +28,20 @@ def h2peer() -> Iterator[Callable[..., H2Peer]]:
     made: list[H2Peer] = []
 
     def make(mode: Any = "stream", **kw: Any) -> H2Peer:
-        peer = H2Peer(mode, **kw).start()  # type: ignore[attr-defined]
+        peer = H2Peer(mode, **kw)
+        peer.start()
         made.append(peer)
         return peer
 
     yield make
     for peer in made:
-        peer.close()  # type: ignore[attr-defined]
+        peer.close()
 
 
 def _client(peer: H2Peer, *, retries: int = 4, **http: Any) -> ChatClient:
     base = HttpSettings(http2="h2c", warmup=False, max_requests_per_connection=0, read_timeout_s=30.0)
     settings = replace(Settings(), http=replace(base, **http))
-    return ChatClient(settings, base_url=peer.base_url, model="peer-model", use_cache=False,  # type: ignore[attr-defined]
+    return ChatClient(settings, base_url=peer.base_url, model="peer-model", use_cache=False,
                       retry=RetrySettings(max_attempts=retries, base_delay_s=0.01, max_delay_s=0.05))
 
 

@@ -568,7 +568,7 @@ class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
         if not super().has_expired():
             return False
         if self._closed_after_response():
-            self._origins.closes(self._origin)  # type: ignore[attr-defined]
+            self._origins.closes(self._origin)
         return True
 
     async def _receive_response_body(self, request: httpcore.Request) -> AsyncIterator[bytes]:
