@@ -22,6 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
 HANG_CAP_S = 20.0
 """The longest a peer holds a silent connection: past every timeout a test sets, short of a stuck suite."""
 _IO_TIMEOUT_S = 5.0
@@ -173,7 +180,8 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 # -- what peers send -----------------------------------------------------------------------------------------
-_REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Request Entity Too Large",
+            429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable"}
 
 
@@ -258,3 +266,128 @@ def completion(text: str, *, finish_reason: str = "stop") -> dict[str, Any]:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": finish_reason}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+# -- an HTTP/2 peer (h2c, prior knowledge), on the h2 library ------------------------------------------------
+class H2Peer(Peer):
+    """A scripted h2c server on 127.0.0.1, on the ``h2`` library, in a thread of its own like ``Peer``.
+
+    ``mode``:
+    - ``"stream"``: every POST gets a 200 event stream of ``chunks`` chunks, one each ``interval_s``, then
+      [DONE]; GET /models lists ``peer-model``.
+    - ``"refuse"``: a POST gets ``refuse_status`` with a JSON error as soon as its HEADERS arrive, then
+      RST_STREAM (``reset_code``; NO_ERROR is nginx's "stop sending"), while the body is still coming: the
+      initial window is 16 KiB and no WINDOW_UPDATE is ever sent, so a larger body cannot all go out.
+    - ``"http11"``: answers the h2c preface with an HTTP/1.1 400 at once and keeps the connection open, as
+      llama-server does.
+    - ``"goaway-cut"``: as ``"stream"``, but after two chunks sends a GOAWAY naming the stream as its last,
+      and closes the connection mid-reply.
+
+    ``resets`` records each RST_STREAM received as ``(stream_id, error_code)``; ``ended`` the stream ids whose
+    reply the peer sent to its end; ``requests`` counts the requests seen. All bounded like ``Peer``'s.
+    """
+
+    def __init__(self, mode: Literal["stream", "refuse", "http11", "goaway-cut"] = "stream", *,
+                 chunks: int = 200, interval_s: float = 0.01, refuse_status: int = 413, reset_code: int = 0) -> None:
+        super().__init__([])
+        self.mode = mode
+        self.chunks = chunks
+        self.interval_s = interval_s
+        self.refuse_status = refuse_status
+        self.reset_code = reset_code
+        self.resets: list[tuple[int, int]] = []
+        self.ended: list[int] = []
+
+    def __enter__(self) -> H2Peer:
+        self.start()
+        return self
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._stop is not None
+        if self.mode == "http11":
+            await asyncio.wait_for(reader.read(64), _IO_TIMEOUT_S)
+            writer.write(response(400, b"Bad Request", content_type="text/plain"))
+            await writer.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), HANG_CAP_S)
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384,
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
+        })
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        streaming: dict[int, asyncio.Task[None]] = {}
+        paths: dict[int, tuple[str, str]] = {}
+        bodies: dict[int, bytes] = {}
+
+        def flush() -> None:
+            data = conn.data_to_send()
+            if data:
+                writer.write(data)
+
+        async def stream_reply(sid: int) -> None:
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            flush()
+            try:
+                for i in range(self.chunks):
+                    await asyncio.sleep(self.interval_s)
+                    conn.send_data(sid, b"data: " + json.dumps(delta(f"t{i} ")).encode() + b"\n\n")
+                    flush()
+                    if self.mode == "goaway-cut" and i == 1:
+                        # nginx retiring the connection (GOAWAY naming this stream), then gone mid-reply.
+                        conn.close_connection(last_stream_id=sid)
+                        flush()
+                        await writer.drain()
+                        writer.close()
+                        return
+                conn.send_data(sid, b"data: [DONE]\n\n", end_stream=True)
+                flush()
+            except h2.exceptions.StreamClosedError:
+                return  # the client reset it
+            self.ended.append(sid)
+
+        while not self._stop.is_set():
+            data = await asyncio.wait_for(reader.read(65536), HANG_CAP_S)
+            if not data:
+                return
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.RequestReceived):
+                    self.requests += 1
+                    headers: dict[Any, Any] = dict(ev.headers or [])
+                    paths[ev.stream_id] = (headers[":method"], headers[":path"])
+                    method, path = paths[ev.stream_id]
+                    if method == "GET":
+                        body = json.dumps({"object": "list", "data": [{"id": "peer-model"}]}).encode()
+                        conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/json"),
+                                                         ("content-length", str(len(body)))])
+                        conn.send_data(ev.stream_id, body, end_stream=True)
+                    elif self.mode == "refuse":
+                        body = json.dumps({"error": {"message": "Request Entity Too Large"}}).encode()
+                        conn.send_headers(ev.stream_id, [(":status", str(self.refuse_status)),
+                                                         ("content-type", "application/json"),
+                                                         ("content-length", str(len(body)))])
+                        conn.send_data(ev.stream_id, body)
+                        conn.reset_stream(ev.stream_id, self.reset_code)
+                    elif ev.stream_ended is not None:
+                        streaming[ev.stream_id] = asyncio.create_task(stream_reply(ev.stream_id))
+                elif isinstance(ev, h2.events.DataReceived):
+                    bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
+                elif isinstance(ev, h2.events.StreamEnded) and self.mode in ("stream", "goaway-cut"):
+                    if ev.stream_id not in streaming and paths.get(ev.stream_id, ("", ""))[0] == "POST":
+                        if json.loads(bodies.get(ev.stream_id, b"{}")).get("stream"):
+                            streaming[ev.stream_id] = asyncio.create_task(stream_reply(ev.stream_id))
+                        else:
+                            body = json.dumps(completion("whole")).encode()
+                            conn.send_headers(ev.stream_id, [(":status", "200"),
+                                                             ("content-type", "application/json")])
+                            conn.send_data(ev.stream_id, body, end_stream=True)
+                            self.ended.append(ev.stream_id)
+                elif isinstance(ev, h2.events.StreamReset):
+                    self.resets.append((ev.stream_id, int(ev.error_code)))
+                    task = streaming.pop(ev.stream_id, None)
+                    if task is not None:
+                        task.cancel()
+            flush()
+            await writer.drain()

@@ -341,27 +341,32 @@ def closing_server(server_factory: Factory) -> Iterator[RunningServer]:
     yield server_factory(profile="instant", close_after_stream=True)
 
 
-async def test_a_connection_closed_after_a_stream_is_retried_at_once_on_a_fresh_one(
+async def test_a_host_that_closes_after_each_stream_costs_one_retry_per_pool_not_one_per_request(
     closing_server: RunningServer,
 ) -> None:
-    # llama.cpp's habit: keep-alive promised, connection closed after every stream. httpx cannot see it
-    # coming (the socket still looks open), so the next request fails without a response on the reused
-    # connection and must go out again at once, unseen by the user.
+    # llama.cpp's habit: keep-alive promised, connection closed after every stream. The first time the client
+    # cannot see it coming (the socket still looks open), so that request fails without a response on the
+    # reused connection and goes out again at once, unseen by the user. From then on the pool remembers the
+    # host: every request opens a fresh connection and none pays a retry; the record says so once.
     async with make_client(closing_server.base_url, http2=False) as client:
         planned = watch(client)
         first_pieces, first = await read_stream(client, max_tokens=8)
         second_pieces, second = await read_stream(client, max_tokens=8)
+        later = [await read_stream(client, max_tokens=8) for _ in range(4)]
         after_stream = await client.complete(MESSAGES, max_tokens=8)
     assert first.record.attempts == 1 and first.record.retries == [] and not first.record.connection_reused
-    for record in (second.record, after_stream.record):
-        assert record.error is None and record.attempts == 2
-        (event,) = record.retries
-        assert (event.reason, event.wait_s, event.wait_source, event.status) == (
-            "stale connection", 0.0, "immediate", None)
-        assert record.connection_reused is False  # the attempt that answered opened a new connection
-        assert record.http_version == "HTTP/1.1"
+    assert second.record.error is None and second.record.attempts == 2
+    (event,) = second.record.retries
+    assert (event.reason, event.wait_s, event.wait_source, event.status) == (
+        "stale connection", 0.0, "immediate", None)
+    assert second.record.phases.closes_after_response  # said once, here
     assert second_pieces == first_pieces and second.text == after_stream.text
-    assert [e.reason for e in planned.events] == ["stale connection", "stale connection"]
+    for record in [stream.record for _, stream in later] + [after_stream.record]:
+        assert record.error is None and record.attempts == 1 and record.retries == []
+        assert record.connection_reused is False  # a fresh connection each time, never the closed one
+        assert record.http_version == "HTTP/1.1"
+        assert not record.phases.closes_after_response
+    assert [e.reason for e in planned.events] == ["stale connection"]
 
 
 async def test_a_connection_kept_open_after_a_stream_is_reused(server_factory: Factory) -> None:

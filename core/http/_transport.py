@@ -184,8 +184,43 @@ def _http11_only(endpoint: Endpoint) -> bool:
 # layer sends again at once on a fresh connection. They touch httpcore's and h2's private names, each pinned
 # by tests/test_transport_lifecycle.py.
 
+class _NotHTTP2(httpcore.RemoteProtocolError):
+    """The server's first bytes are not an HTTP/2 SETTINGS frame (an HTTP/1.1-only server answering the h2c
+    preface with ``HTTP/1.1 400``): ``first_line`` is what it sent, cut to its first line.
+
+    A ``RemoteProtocolError`` so that httpx maps it as it maps httpcore's own, with this as the cause."""
+
+    def __init__(self, first_line: str) -> None:
+        super().__init__(f"not HTTP/2: {first_line!r}")
+        self.first_line = first_line
+
+
 class _GracefulH2State(h2.connection.H2Connection):
-    """h2's connection state, for which a GOAWAY received ends nothing by itself (python-hyper/h2#1181)."""
+    """h2's connection state, for which a GOAWAY received ends nothing by itself (python-hyper/h2#1181), and
+    whose first bytes received must start a SETTINGS frame (``_NotHTTP2`` else)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._head = b""
+        # Only the first reads pay for the check: the instance attribute goes once the first frame's header
+        # (9 bytes) is in.
+        self.receive_data = self._receive_first  # type: ignore[method-assign]
+
+    def _receive_first(self, data: Any) -> list[h2.events.Event]:
+        # A server's connection preface is a SETTINGS frame (RFC 9113 3.4). h2 would read "HTTP/1.1 400 ..."
+        # as the header of a 4.7 MB frame and wait for its body until the read timeout.
+        head = self._head + bytes(data[:9 - len(self._head)])
+        bad = (head[:1] not in (b"", b"\0")  # a frame length >= 64 KiB: past any SETTINGS, past max frame size
+               or head[3:4] not in (b"", b"\x04")  # not SETTINGS
+               or (len(head) == 9 and (head[4] & 1 or head[5:9] != bytes(4))))  # an ACK, or not stream 0
+        if bad:
+            del self.receive_data
+            first = bytes(data[:200]).split(b"\r\n", 1)[0].split(b"\n", 1)[0]
+            raise _NotHTTP2(first.decode("ascii", "replace"))
+        self._head = head
+        if len(head) == 9:
+            del self.receive_data
+        return h2.connection.H2Connection.receive_data(self, data)
 
     def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         # h2's own, less what makes a GOAWAY the end of every stream at once: its state machine's move to
@@ -213,21 +248,70 @@ class _NotProcessed(httpcore.RemoteProtocolError):
         self.error_code = goaway.error_code
 
 
+class _CutAfterGoaway(httpcore.RemoteProtocolError):
+    """The server closed the connection after its GOAWAY before it finished a stream it had taken (at or below
+    the GOAWAY's last stream id): the server's cut, not the client's."""
+
+    def __init__(self, goaway: h2.events.ConnectionTerminated, stream_id: int) -> None:
+        super().__init__(f"closed after GOAWAY with last stream {goaway.last_stream_id}, during stream {stream_id}")
+        self.error_code = goaway.error_code
+        self.stream_id = stream_id
+
+
+class _Origins:
+    """What a ``Transport``'s pools have learnt about each origin, shared by all of them for the transport's
+    lifetime: the ones that close a connection after each response without saying so (no ``Connection:
+    close``; llama.cpp's server), so that no idle connection to them is tried again."""
+
+    __slots__ = ("closing", "news")
+
+    def __init__(self) -> None:
+        self.closing: set[tuple[bytes, bytes, int]] = set()  # (scheme, host, port): httpcore's Origin has no hash
+        self.news = False
+        """Set when an origin joins ``closing``, until a request's phases say so (``closes_after_response``)."""
+
+    def closes(self, origin: httpcore.Origin) -> None:
+        key = _key(origin)
+        if key not in self.closing:
+            self.closing.add(key)
+            self.news = True
+
+
+def _key(origin: httpcore.Origin) -> tuple[bytes, bytes, int]:
+    return origin.scheme, origin.host, origin.port
+
+
 class _Retiring:
     """What both kinds of connection add to httpcore's: once ``_draining()`` (by default: ``max_requests``
-    requests started, 0 never) a connection is not available and refuses a request assigned to it before,
-    with ConnectionNotAvailable, which the pool reassigns (nothing was sent)."""
+    requests started, 0 never; or one request, to an origin known to close after each response) a connection
+    is not available and refuses a request assigned to it before, with ConnectionNotAvailable, which the pool
+    reassigns (nothing was sent)."""
 
     def __init__(
         self, *, origin: httpcore.Origin, stream: httpcore.AsyncNetworkStream, keepalive_expiry: float | None,
-        max_requests: int,
+        max_requests: int, origins: _Origins | None = None,
     ) -> None:
         super().__init__(origin=origin, stream=stream, keepalive_expiry=keepalive_expiry)  # type: ignore[call-arg]
         self._max_requests = max_requests
         self._started = 0
+        self._origins = origins if origins is not None else _Origins()
+        self._origin_key = _key(origin)
+        self._idle_ns: int | None = None  # when its last response ended (perf_counter_ns)
+
+    def _went_idle(self) -> None:
+        self._idle_ns = time.perf_counter_ns()
+
+    def _closed_after_response(self) -> bool:
+        """Whether the server closed this connection right after a response ended (within
+        ``_CLOSE_AFTER_RESPONSE_NS``): its habit, as against closing a connection idle for its keep-alive time."""
+        eof = self._network_stream.get_extra_info("eof_ns")  # type: ignore[attr-defined]
+        idle = self._idle_ns
+        return idle is not None and eof is not None and eof - idle < _CLOSE_AFTER_RESPONSE_NS
 
     def _draining(self) -> bool:
-        return 0 < self._max_requests <= self._started
+        return 0 < self._max_requests <= self._started or (
+            self._started > 0 and self._origin_key in self._origins.closing
+        )
 
     def is_available(self) -> bool:
         return not self._draining() and super().is_available()  # type: ignore[misc]
@@ -254,6 +338,7 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
     def __init__(self, **kw: Any) -> None:
         self._goaway: h2.events.ConnectionTerminated | None = None
         self._last_taken = 0  # the GOAWAY's last stream id: the streams above it the server never took
+        self._early: set[int] = set()  # streams the server answered before their request body was all sent
         super().__init__(**kw)
         # Unused so far (httpcore makes it in __init__ and first touches it with the first request).
         self._h2_state = _GracefulH2State(config=self.CONFIG)
@@ -269,6 +354,11 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
     async def _send_or_reassign(self, sending: Coroutine[Any, Any, httpcore.Response]) -> httpcore.Response:
         try:
             return await sending
+        except _NotHTTP2:
+            # Nothing on this connection will ever be HTTP/2: no other request may be given it.
+            self._connection_error = True
+            await self.aclose()
+            raise
         except httpcore.LocalProtocolError:
             # A request assigned here before the connection began draining waited for a stream (the server
             # allows one until its SETTINGS say more) while the last stream it took ended and the connection
@@ -277,6 +367,65 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
             if self._draining() and self.is_closed():
                 raise httpcore.ConnectionNotAvailable() from None
             raise
+
+    async def _send_request_headers(self, request: httpcore.Request, stream_id: int) -> None:
+        if self._goaway is not None:
+            # Assigned here before the GOAWAY came (it waited for a stream): its HEADERS would reach a server
+            # that may already be closing, whose kernel answers bytes after close() with a TCP reset, which
+            # throws away the ends of the replies it still had to send. Nothing is sent; the pool reassigns it.
+            raise httpcore.ConnectionNotAvailable()
+        await super()._send_request_headers(request, stream_id)
+
+    # -- a server that answers before the request body is all sent (nginx's 413 while the body uploads) --------
+    async def _send_request_body(self, request: httpcore.Request, stream_id: int) -> None:
+        # An answer that came while the body was still going out is the answer: the rest is not sent, and the
+        # response is read. (httpcore would wait for flow control that never comes, or fail on the reset
+        # stream with StreamClosedError, which the retry layer would send again, 17 MB at a time.)
+        try:
+            await super()._send_request_body(request, stream_id)
+        except (_AnsweredEarly, h2.exceptions.StreamClosedError):
+            if not self._answered(stream_id):
+                raise
+            self._answered_early(stream_id)
+
+    async def _wait_for_outgoing_flow(self, request: httpcore.Request, stream_id: int) -> int:
+        # httpcore's, checking for an answer (or a reset) before each wait and after each read.
+        state = self._h2_state
+        while True:
+            if self._answered(stream_id):
+                raise _AnsweredEarly()
+            flow = min(state.local_flow_control_window(stream_id), state.max_outbound_frame_size)
+            if flow:
+                return flow
+            await self._receive_events(request)
+
+    def _answered(self, stream_id: int) -> bool:
+        """Whether the server has sent this stream's response headers, or reset it."""
+        return any(
+            isinstance(e, h2.events.ResponseReceived | h2.events.StreamReset)
+            for e in self._events.get(stream_id, ())
+        )
+
+    def _answered_early(self, stream_id: int) -> None:
+        if not any(isinstance(e, h2.events.ResponseReceived) for e in self._events.get(stream_id, ())):
+            return  # reset unanswered: httpcore raises the reset, as for any stream
+        self._early.add(stream_id)
+        # Only a connection that met such an answer pays for the look at each event (an instance attribute).
+        self._receive_stream_event = self._receive_early_event  # type: ignore[method-assign]
+
+    async def _receive_early_event(
+        self, request: httpcore.Request, stream_id: int
+    ) -> h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded:
+        # An early answer's stream may end with the server's RST_STREAM (NO_ERROR: "stop sending the body",
+        # RFC 9113 8.1) rather than END_STREAM: after its response headers that is the end of its body.
+        events = self._events
+        if stream_id in self._early:
+            while not events.get(stream_id):
+                await self._receive_events(request, stream_id)
+            queue = events[stream_id]
+            if isinstance(queue[0], h2.events.StreamReset):
+                queue[0] = h2.events.StreamEnded(stream_id=stream_id)
+        return await httpcore.AsyncHTTP2Connection._receive_stream_event(self, request, stream_id)
 
     # httpcore keeps a GOAWAY here and, once it is set, fails every stream on the connection before each
     # read, the server's last one and those before it included. It is kept in _goaway instead.
@@ -323,9 +472,14 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
         self._check_taken(stream_id)
         try:
             await super()._receive_events(request, stream_id)
-        except (httpcore.RemoteProtocolError, httpcore.ReadError):
+        except (httpcore.RemoteProtocolError, httpcore.ReadError) as exc:
             # A server that drained its streams closes the connection: one it never took is still unprocessed.
             self._check_taken(stream_id)
+            goaway = self._goaway
+            if (goaway is not None and stream_id is not None and _h2_event_of(exc) is None
+                    and not isinstance(exc, _NotProcessed | _CutAfterGoaway)):
+                # One it took, and had to finish: the connection ended under it, the server's doing.
+                raise _CutAfterGoaway(goaway, stream_id) from exc
             raise
 
     async def _write_after_goaway(self, request: httpcore.Request) -> None:
@@ -347,9 +501,54 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
             raise _NotProcessed(goaway, stream_id)
 
     async def _response_closed(self, stream_id: int) -> None:
+        stream = self._h2_state.streams.get(stream_id)
+        if stream is not None and not stream.closed and not self.is_closed() and stream_id <= self._taken():
+            await self._cancel_stream(stream_id)
+        self._early.discard(stream_id)
         await super()._response_closed(stream_id)
+        if not self._events:
+            self._went_idle()
         if self._draining() and not self._events and not self.is_closed():
             await self.aclose()
+
+    def _taken(self) -> int:
+        """The highest stream id the server may be working on: all of them, until a GOAWAY names its last."""
+        return self._last_taken if self._goaway is not None else 1 << 31
+
+    async def _cancel_stream(self, stream_id: int) -> None:
+        # A response closed before its end (Esc, a task cancelled, a reply the caller stopped reading) resets
+        # its stream with CANCEL at once, so the server stops generating now rather than when the connection
+        # closes; the connection goes on for the other streams. Called shielded (httpcore's byte stream closes
+        # under AsyncShieldCancellation). A stream above a GOAWAY's last id is left alone: the server never
+        # took it and may be closing.
+        try:
+            self._h2_state.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except h2.exceptions.H2Error:
+            return  # closed meanwhile (its end or the server's reset came first)
+        if self._write_exception is not None:
+            return
+        async with self._write_lock:
+            data = self._h2_state.data_to_send()
+            try:
+                await self._network_stream.write(data, _RESET_WRITE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - as httpcore does: the connection is broken for everyone
+                self._write_exception = exc
+                self._connection_error = True
+
+
+class _AnsweredEarly(Exception):
+    """Raised inside ``_H2Connection._send_request_body``: the server answered before the body was all sent."""
+
+
+_CLOSE_AFTER_RESPONSE_NS = 1_000_000_000
+"""A server that closes a connection within this long of a response's end closes after each response."""
+
+_RESET_WRITE_TIMEOUT_S = 5.0
+"""The longest a cancelled stream's RST_STREAM may wait for the socket to take it (it is a few bytes)."""
+
+
+def _h2_event_of(exc: BaseException) -> h2.events.Event | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], h2.events.Event) else None
 
 
 class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
@@ -358,8 +557,19 @@ class _H11Connection(_Retiring, httpcore.AsyncHTTP11Connection):
 
     async def _response_closed(self) -> None:
         await super()._response_closed()
+        self._went_idle()
         if self._draining() and not self.is_closed():
             await self.aclose()
+
+    def has_expired(self) -> bool:
+        # The pool asks this of an idle connection before it reuses it; httpcore's says expired when the
+        # server has closed it. Closed right after its last response, it is the origin's habit: remembered, so
+        # the next connection to it is not kept for a reuse that would find it closed too late.
+        if not super().has_expired():
+            return False
+        if self._closed_after_response():
+            self._origins.closes(self._origin)
+        return True
 
     async def _receive_response_body(self, request: httpcore.Request) -> AsyncIterator[bytes]:
         # A streamed reply is a chunked body of one small chunk per token: h11 spends two events, a state
@@ -505,9 +715,10 @@ def _chunk_size(line: bytes) -> int:
 class _Connection(httpcore.AsyncHTTPConnection):
     """httpcore's connection, speaking through ``_H2Connection`` / ``_H11Connection`` once connected."""
 
-    def __init__(self, *, max_requests: int, **kw: Any) -> None:
+    def __init__(self, *, max_requests: int, origins: _Origins | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self._max_requests = max_requests
+        self._origins = origins if origins is not None else _Origins()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
         # httpcore's own, with the two classes above in place of its own (it names them inside this method).
@@ -522,12 +733,22 @@ class _Connection(httpcore.AsyncHTTPConnection):
                     kind = _H2Connection if alpn_h2 or (self._http2 and not self._http1) else _H11Connection
                     self._connection = kind(
                         origin=self._origin, stream=stream, keepalive_expiry=self._keepalive_expiry,
-                        max_requests=self._max_requests,
+                        max_requests=self._max_requests, origins=self._origins,
                     )
         except BaseException:
             self._connect_failed = True
             raise
-        return await self._connection.handle_async_request(request)
+        connection = self._connection
+        idle = isinstance(connection, _Retiring) and connection._started > 0 and connection.is_idle()
+        try:
+            return await connection.handle_async_request(request)
+        except (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError) as exc:
+            # A reused idle connection that the server closed right after its last response, found too late
+            # (the request went out before the close arrived): the origin's habit, remembered.
+            if idle and _h2_event_of(exc) is None and isinstance(connection, _Retiring) \
+                    and connection._closed_after_response():
+                self._origins.closes(self._origin)
+            raise
 
 
 class _Pool(httpcore.AsyncConnectionPool):
@@ -537,13 +758,15 @@ class _Pool(httpcore.AsyncConnectionPool):
                  **kw: Any) -> None:
         super().__init__(network_backend=network_backend, **kw)
         self._max_requests = max_requests
+        self._origins = _Origins()
+        """Replaced by the ``Transport``'s own, which all its pools share (``Transport._client``)."""
         self._kw = dict(
             ssl_context=kw.get("ssl_context"), keepalive_expiry=kw.get("keepalive_expiry"),
             http1=kw.get("http1", True), http2=kw.get("http2", False), network_backend=network_backend,
         )
 
     def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
-        return _Connection(origin=origin, max_requests=self._max_requests, **self._kw)
+        return _Connection(origin=origin, max_requests=self._max_requests, origins=self._origins, **self._kw)
 
 
 # -- the network backend: httpcore's connections on asyncio's own transports ---------------------------------
@@ -569,12 +792,13 @@ _HIGH_WATER = 1 << 18
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("transport", "buffer", "eof", "error", "waiter", "paused_reading", "drain")
+    __slots__ = ("transport", "buffer", "eof", "eof_ns", "error", "waiter", "paused_reading", "drain")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.eof = False
+        self.eof_ns: int | None = None  # when the peer closed (perf_counter_ns)
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused_reading = False
@@ -592,11 +816,13 @@ class _Protocol(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
+        self.eof_ns = self.eof_ns or time.perf_counter_ns()
         self._wake()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
+        self.eof_ns = self.eof_ns or time.perf_counter_ns()
         self.error = exc
         self._wake()
         drain, self.drain = self.drain, None
@@ -714,6 +940,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             return t.get_extra_info("socket")
         if info == "is_readable":
             return bool(self._protocol.buffer) or self._protocol.eof
+        if info == "eof_ns":  # llmchat's own: when the peer closed, or None
+            return self._protocol.eof_ns
         return None
 
 
@@ -796,6 +1024,8 @@ class Transport:
         # HTTP/1.1-only pools: which slots have a request in flight, and the queue for a free one.
         self._busy: list[bool] = []
         self._slots: asyncio.Semaphore | None = None
+        # What the pools learn about the origins (one that closes after each response), shared by every slot.
+        self._origins = _Origins()
 
     @property
     def is_open(self) -> bool:
@@ -821,6 +1051,9 @@ class Transport:
         client = self._clients[slot] = _build_client(
             self.endpoint, self._verify, connections=connections, keepalive=keepalive
         )
+        pool = getattr(getattr(client, "_transport", None), "_pool", None)
+        if isinstance(pool, _Pool):
+            pool._origins = self._origins
         return client
 
     async def prepare(self) -> None:
@@ -910,6 +1143,10 @@ class Transport:
             except _WIRE_ERRORS as exc:
                 raise _send_error(exc, self.endpoint, phases) from None
             phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
+            if self._origins.news:
+                # Said once, on the first attempt that got an answer after the pool learnt it.
+                self._origins.news = False
+                phases.closes_after_response = True
             try:
                 yield WireResponse(resp, self.endpoint)
             finally:
@@ -1078,6 +1315,23 @@ def _protocol_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIE
     (GOAWAY past it, REFUSED_STREAM, a connection closed unanswered), a reset, a broken HTTP/2 or HTTP/1.1
     exchange. None for the others (timeouts, connect and TLS failures)."""
     where = ep.hostport
+    not_h2 = _find(exc, _NotHTTP2)
+    if not_h2 is not None:
+        said = f" (it answered {_short(not_h2.first_line)!r})" if not_h2.first_line.strip() else ""
+        if urlsplit(ep.base_url).scheme == "https":
+            return errors.ProtocolError(
+                f"{where} chose HTTP/2 by ALPN but does not speak it{said}; set http2 = false"
+            )
+        return errors.ProtocolError(
+            f"{where}: this server does not speak h2c{said}: set http2 = false (or true over https)"
+        )
+    cut = _find(exc, _CutAfterGoaway)
+    if cut is not None:
+        return errors.DisconnectedError(
+            f"{where} closed its HTTP/2 connection after its GOAWAY ({_code(cut.error_code)}) without answering "
+            "this request, which it had taken; the server's doing: try again",
+            reused=True, reason="goaway",
+        )
     unprocessed = _find(exc, _NotProcessed)
     if unprocessed is not None:
         return errors.DisconnectedError(
@@ -1153,6 +1407,12 @@ def _body_error(exc: Exception, ep: Endpoint) -> errors.APIError:
     if isinstance(event, h2.events.StreamReset):
         return errors.StreamCutError(
             f"{where} reset the stream mid-reply (HTTP/2 {_code(event.error_code)}); try again"
+        )
+    cut = _find(exc, _CutAfterGoaway)
+    if cut is not None:
+        return errors.StreamCutError(
+            f"{where} closed its HTTP/2 connection after its GOAWAY ({_code(cut.error_code)}) before finishing "
+            f"this reply, which it had taken (stream {cut.stream_id}); the server cut it: try again"
         )
     h2_error = _find(exc, h2.exceptions.H2Error)
     h11_error = _find(exc, h11.ProtocolError)

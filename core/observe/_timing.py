@@ -88,6 +88,10 @@ class Phases:
     """A duration, not a stamp: building the client (SSL context, connection slot) on this attempt's path,
     which happens only when the transport was not prepared ahead. Between the start and the first connection
     event; not part of the pool wait."""
+    closes_after_response: bool = False
+    """Set on the one attempt after which the transport learnt that this host closes its connection after each
+    response without saying so (llama.cpp's server does): from then on the pool opens a fresh connection for
+    every request to it instead of trying an idle one it has closed. Once per pool, so a report can say it."""
 
     @property
     def reused(self) -> bool:
