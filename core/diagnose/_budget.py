@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmchat.core.client import ChatClient
-from llmchat.core.config import Http2Mode, RetrySettings, Settings
+from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
 
 #: The doctor's own retry policy: a retry shows what the server does, but a long Retry-After must never hold
 #: the battery; the waits stay short and few.
@@ -48,6 +48,8 @@ class Context:
     scheme: str = "http"
     resolved_url: str = ""
     http2_setting: Http2Mode = True
+    target_http: HttpSettings | None = None
+    """The [http] settings in force for the target (a provider's own overrides included), from ``describe``."""
 
     def client(self, *, http2: Http2Mode | None = None, **http: Any) -> ChatClient:
         settings = self.settings
@@ -66,6 +68,7 @@ class Context:
         self.resolved_url = client.endpoint.base_url
         self.scheme = urlsplit(self.resolved_url).scheme or "http"
         self.http2_setting = client.endpoint.http.http2
+        self.target_http = client.endpoint.http
 
     @property
     def host(self) -> str:

@@ -1,14 +1,15 @@
 """The path to the server: DNS, TCP connect (an RTT estimate), TLS version and ALPN, h2c, proxies, clock skew.
 
 The TCP and TLS probes open bare sockets (no HTTP request is sent, so they cost no budget); the h2c probe is a
-GET /models through the engine's own client with prior-knowledge HTTP/2. Proxies come from the environment the
-client would honour (``http.trust_env``) and from the headers a reply carries (``_limits`` reads them).
+GET /models through the engine's own client with prior-knowledge HTTP/2. The proxy is the one the client's
+transport resolves for the target (``proxy_route``: http.proxy, the environment with ``http.trust_env``,
+NO_PROXY); the headers a reply carries (``_limits`` reads them) show others. The bare TCP and TLS probes go
+direct, past any proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import statistics
 import time
@@ -17,11 +18,11 @@ from typing import Any
 
 from llmchat.core.config import mask_url
 from llmchat.core.diagnose._budget import Context
-from llmchat.core.errors import APIError
+from llmchat.core.errors import APIError, ConfigError
+from llmchat.core.http import resolve_proxy
 from llmchat.core.observe import Phases
 
 TCP_PROBES = 3
-_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 #: Reply headers that name something between the client and the server.
 PROXY_HEADERS = ("via", "x-cache", "x-served-by", "cf-ray", "x-amz-cf-id", "x-forwarded-for", "forwarded")
 
@@ -98,17 +99,17 @@ async def probe_h2c(ctx: Context) -> dict[str, Any]:
     return {"h2c": version == "HTTP/2", "h2c_version": version}
 
 
-def proxies_from_env(ctx: Context, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The proxy variables the client honours (with http.trust_env), URLs masked."""
-    if not ctx.settings.http.trust_env:
-        return {}
-    env = dict(os.environ) if env is None else env
-    found: dict[str, str] = {}
-    for name in _PROXY_VARS:
-        value = env.get(name) or env.get(name.lower())
-        if value:
-            found[name] = value if name == "NO_PROXY" else mask_url(value)
-    return found
+def proxy_route(ctx: Context) -> dict[str, Any]:
+    """The proxy the client's transport connects to the target through, as the transport resolves it
+    (``resolve_proxy``: http.proxy, the environment's variables with http.trust_env, NO_PROXY), URL masked:
+    ``proxy`` (None when direct), ``source`` (the setting or variable), ``bypassed_by`` (the NO_PROXY entry
+    that sends the target past a proxy that is set), or ``proxy_error`` for a proxy the client cannot use."""
+    http = ctx.target_http or ctx.settings.http
+    try:
+        route = resolve_proxy(http, ctx.resolved_url or ctx.base_url or "")
+    except ConfigError as exc:
+        return {"proxy": None, "proxy_error": str(exc)}
+    return {"proxy": route.shown, "source": route.source or None, "bypassed_by": route.bypassed_by or None}
 
 
 def clock_skew_s(date_header: str | None, received_wall: float) -> float | None:
