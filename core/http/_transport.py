@@ -1207,7 +1207,9 @@ def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
 def _proxy_refused(ep: Endpoint, route: ProxyRoute, reason: str) -> errors.ConnectError:
     """The proxy answered, and not with the tunnel or the reply: one line naming it and what to change."""
     source = route.source
-    if reason.startswith("407"):
+    # 407 is the standard's answer to missing or wrong credentials; tinyproxy answers a CONNECT with 401.
+    credentials = reason.startswith(("407", "401"))
+    if credentials:
         fix = f"put the proxy's user and password in {source} (http://user:password@host:port)"
     elif reason.startswith("403"):
         fix = (f"the proxy does not allow {ep.hostport} (or this machine): ask its admin, or add the host to "
@@ -1216,7 +1218,7 @@ def _proxy_refused(ep: Endpoint, route: ProxyRoute, reason: str) -> errors.Conne
         fix = f"check {source}, or add {urlsplit(ep.base_url).hostname} to NO_PROXY"
     error = errors.ConnectError(f"the proxy {route.shown} ({source}) refused the request to {ep.hostport} "
                                 f"({_short(reason)}); {fix}")
-    error.retryable = not reason.startswith(("407", "403"))
+    error.retryable = not (credentials or reason.startswith("403"))  # the same request would get the same
     return error
 
 
