@@ -22,9 +22,9 @@ import pytest
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings
 from llmchat.core.config import load_settings
 from llmchat.core.diagnose import Context
+from llmchat.core.diagnose._findings import Report
 from llmchat.core.diagnose._path import proxy_route
 from llmchat.core.diagnose._prescribe import prescribe
-from llmchat.core.diagnose._findings import Report
 from llmchat.core.errors import ConfigError, ConnectError, TimeoutError
 from llmchat.core.http import MockResponse, MockTransport, ProxyRoute, resolve_proxy
 

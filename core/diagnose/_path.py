@@ -16,7 +16,6 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from llmchat.core.config import mask_url
 from llmchat.core.diagnose._budget import Context
 from llmchat.core.errors import APIError, ConfigError
 from llmchat.core.http import resolve_proxy

@@ -45,7 +45,7 @@ import httpx
 import llmchat.core.errors as errors
 from llmchat.core.config import HttpSettings
 from llmchat.core.http._interface import Endpoint
-from llmchat.core.http._proxy import ProxyRoute, resolve_proxy
+from llmchat.core.http._proxy_route import ProxyRoute, resolve_proxy
 from llmchat.core.observe import Phases
 
 _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
@@ -548,7 +548,7 @@ class _Connection(httpcore.AsyncHTTPConnection):
 # pool with httpcore's own connections: neither would keep the classes above. So the pool below does what
 # httpcore's AsyncHTTPProxy does, with them: an http:// target goes to the proxy as HTTP/1.1 with the
 # absolute URL as its target (``_ForwardConnection``); an https:// one through a CONNECT tunnel, TLS with the
-# target inside it, h2 by ALPN end to end (``_TunnelConnection``). Which proxy, if any: ``_proxy.resolve_proxy``.
+# target inside it, h2 by ALPN end to end (``_TunnelConnection``). Which proxy, if any: ``_proxy_route.resolve_proxy``.
 
 
 def _proxy_headers(route: ProxyRoute) -> list[tuple[bytes, bytes]]:
@@ -931,7 +931,14 @@ def _transport(http: HttpSettings, verify: ssl.SSLContext, limits: httpx.Limits,
     if route is not None and route.scheme == "https":
         # A TLS proxy gets a context of its own: httpcore sets ALPN on a context per connection, and the
         # proxy's (HTTP/1.1 only) must not change the target's h2 offer under a handshake in flight.
-        proxy_ssl = _default_context(False, http.trust_env, *_cert_env(http))
+        try:
+            proxy_ssl = _default_context(False, http.trust_env, *_cert_env(http))
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.ConfigError(
+                f"cannot load the CA certificates for the proxy {route.shown} ({exc.__class__.__name__}: "
+                f"{getattr(exc, 'strerror', None) or exc}); fix SSL_CERT_FILE / SSL_CERT_DIR, or use an "
+                "http:// proxy URL"
+            ) from None
     # httpx has no hook for the pool it builds; the one it holds (a private name, pinned by a test) is swapped
     # for ours with the same settings.
     transport._pool = _Pool(

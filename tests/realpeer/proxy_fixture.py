@@ -100,7 +100,7 @@ class TinyProxy:
 
     def requests(self) -> list[str]:
         """The request lines tinyproxy logged, oldest first (method and target)."""
-        return _REQUEST_LINE.findall(self.log_text())
+        return [str(line) for line in _REQUEST_LINE.findall(self.log_text())]
 
     def _wait_ready(self, ready_s: float) -> None:
         deadline = time.monotonic() + ready_s
