@@ -293,3 +293,10 @@ def test_the_doctor_s_finding_says_which_proxy_and_where_it_came_from(monkeypatc
                 if f.check == "path.proxy"]
     assert [f.title for f in findings] == ["requests go through the proxy http://u:***@proxy.corp:3128 (HTTPS_PROXY)"]
     assert SECRET not in json.dumps([f.to_dict() for f in findings])
+
+
+def test_the_metrics_scrape_goes_through_the_provider_s_proxy() -> None:
+    from llmchat.core.client._server_metrics import metrics_transport
+
+    transport = metrics_transport("http://gpu.corp:8000/metrics", _http(proxy="http://proxy.corp:3128"))
+    assert transport.route.url == "http://proxy.corp:3128" and transport.proxy == "http://proxy.corp:3128"
