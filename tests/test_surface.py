@@ -75,6 +75,7 @@ SURFACE: dict[str, list[str]] = {
         "HTTPResponse", "HTTPTransport", "MockRequest", "MockResponse", "MockTransport", "Pools",
         "ToolCall",
         "parse_reset", "read_headroom",
+        "ProxyRoute", "resolve_proxy",
         "Attachment", "AttachmentError", "message_content", "message_text", "read_attachment",
         "split_file_lines",
     ],

@@ -285,6 +285,7 @@ class ChatClient:
                     await self._hold(limiter, hold, record)
                 hold = limiter.sent(hold)
             record.phases = Phases()
+            record.proxy = self.transport.proxy
             stack = AsyncExitStack()
             try:
                 resp = await stack.enter_async_context(

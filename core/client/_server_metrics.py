@@ -199,6 +199,7 @@ def metrics_transport(url: str, http: HttpSettings | None = None) -> Transport:
     # HTTP/1.1: vLLM and llama.cpp speak no h2c, and one small GET gains nothing from h2. Plain http needs no
     # TLS context: building one (certifi's CAs) cost ~2 ms of the event loop beside the first request.
     verify = base.verify if parts.scheme == "https" else False
+    # The provider's proxy too: a metrics URL behind the same corporate proxy is reached the same way.
     settings = HttpSettings(http2=False, warmup=False, verify=verify, trust_env=base.trust_env,
-                            connect_timeout_s=base.connect_timeout_s)
+                            proxy=base.proxy, connect_timeout_s=base.connect_timeout_s)
     return Transport(Endpoint(name="metrics", base_url=root, http=settings))

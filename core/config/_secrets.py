@@ -61,6 +61,12 @@ def is_secret_header(name: str) -> bool:
     return any(part in lowered for part in _SECRET_HEADER_PARTS)
 
 
+def is_url_path(parts: Sequence[str]) -> bool:
+    """True when the setting at this key path is a URL that may carry credentials, shown through ``mask_url``:
+    any ``*_url`` (``base_url``, ``metrics_url``) and ``http.proxy`` (a provider's ``http`` override too)."""
+    return bool(parts) and (parts[-1].endswith("_url") or parts[-1] == "proxy")
+
+
 def is_secret_path(parts: Sequence[str]) -> bool:
     """True when the setting at this key path holds a secret.
 

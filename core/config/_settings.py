@@ -40,7 +40,13 @@ class HttpSettings:
     verify: bool | str = True
     """TLS verification: true, false, or the path of a CA bundle. SSL_CERT_FILE is honoured when true."""
     trust_env: bool = True
-    """Take proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY) and SSL_CERT_FILE from the environment."""
+    """Take proxies (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY, lower-case too) and SSL_CERT_FILE from the
+    environment."""
+    proxy: str = ""
+    """A proxy for every request, http://host:port (http://user:password@host:port with credentials, which
+    are never shown); it wins over HTTPS_PROXY / HTTP_PROXY / ALL_PROXY, NO_PROXY still applies (with
+    trust_env). https:// targets tunnel through it (CONNECT), http:// ones go through it as HTTP/1.1. Empty:
+    the environment's, if any."""
     warmup: bool = True
     """Open the connection to the active provider before the first prompt (GET /v1/models)."""
     keepalive_ping_s: float = 30.0

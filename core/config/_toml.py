@@ -14,7 +14,7 @@ import re
 import typing
 from collections.abc import Mapping, Sequence
 
-from llmchat.core.config._secrets import is_secret_path, mask_secret, mask_url
+from llmchat.core.config._secrets import is_secret_path, is_url_path, mask_secret, mask_url
 from llmchat.core.config._settings import Settings
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -73,7 +73,7 @@ def _shown(parts: tuple[str, ...], value: object, mask: bool) -> object:
         return value
     if isinstance(value, str) and is_secret_path(parts):
         return mask_secret(value)
-    if isinstance(value, str) and parts and parts[-1].endswith("_url"):
+    if isinstance(value, str) and is_url_path(parts):
         return mask_url(value)
     if isinstance(value, Mapping):
         return {k: _shown((*parts, str(k)), v, mask) for k, v in value.items()}

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from llmchat.core.config._secrets import is_secret_path
+from llmchat.core.config._secrets import is_secret_path, is_url_path, mask_url
 from llmchat.core.config._settings import HttpSettings, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
 from llmchat.core.errors import ConfigError
@@ -72,6 +72,10 @@ RULES: dict[str, Rule] = {
     "http.write_timeout_s": _POSITIVE_SECONDS,
     "http.pool_timeout_s": _POSITIVE_SECONDS,
     "http.verify": Rule("true, false or the path of a CA bundle", lambda v: v != ""),
+    "http.proxy": Rule(
+        "an http:// proxy URL such as http://proxy.example:3128 (or https://), or empty",
+        lambda v: v == "" or (_is_http_url(v) and urlsplit(v).path in ("", "/")),
+    ),
     "http.keepalive_ping_s": _NON_NEGATIVE_SECONDS,
     "http.max_requests_per_connection": _NON_NEGATIVE_INT,
     "providers.*.base_url": Rule("an http:// or https:// URL", _is_http_url),
@@ -220,6 +224,8 @@ def _shown(parts: Sequence[str], value: object) -> str:
     if is_secret_path(parts):
         # A wrong-typed secret is still a secret: say what kind of thing it was, never what it was.
         return _kind(value)
+    if isinstance(value, str) and is_url_path(parts):
+        value = mask_url(value)  # a proxy's or a server's password stays out of the message
     text = toml_value(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 

@@ -116,7 +116,7 @@ async def _step(ctx: Context, report: Report, name: str, section: str, requests:
 async def _steps(ctx: Context, report: Report, signals: ServerSignals) -> None:
     m = report.measurements
     await _step(ctx, report, "dns+tcp", "path", 0, lambda: _path.probe_dns_tcp(ctx))
-    m["path"]["proxy_env"] = _path.proxies_from_env(ctx)
+    m["path"]["proxy"] = _path.proxy_route(ctx)
     if ctx.scheme == "https":
         await _step(ctx, report, "tls", "path", 0, lambda: _path.probe_tls(ctx))
     else:

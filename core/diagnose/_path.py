@@ -4,29 +4,29 @@ The TCP and TLS probes open bare sockets (no HTTP request is sent, so they cost 
 GET /models through the engine's own client with prior-knowledge HTTP/2, bounded by a short timeout of its own
 (a server that answers the preface in HTTP/1.1, as llama-server does, must not hold the battery), and any
 failure of it means "no h2c". Every probe uses the provider's effective [http] settings (``Context.http``):
-its CA bundle, its timeouts, its trust_env. Proxies come from the environment the client would honour
-(``http.trust_env``) and from the headers a reply carries (``_limits`` reads them).
+its CA bundle, its timeouts, its trust_env. The proxy is the one the client's transport resolves for the target
+(``proxy_route``: http.proxy, the environment with ``http.trust_env``, NO_PROXY); the headers a reply carries
+(``_limits`` reads them) show others. The bare TCP and TLS probes go direct, past any proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import statistics
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from llmchat.core.config import mask_url
 from llmchat.core.diagnose._budget import Context
+from llmchat.core.errors import APIError, ConfigError
+from llmchat.core.http import resolve_proxy
 from llmchat.core.observe import Phases
 
 TCP_PROBES = 3
 H2C_TIMEOUT_S = 3.0
 """The h2c probe's own bound, connect and read: an h2c server answers a GET /models within a round trip or
 two; one that does not in this long is not one to recommend h2c for."""
-_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 #: Reply headers that name something between the client and the server.
 PROXY_HEADERS = ("via", "x-cache", "x-served-by", "cf-ray", "x-amz-cf-id", "x-forwarded-for", "forwarded")
 
@@ -113,17 +113,17 @@ async def probe_h2c(ctx: Context) -> dict[str, Any]:
     return {"h2c": version == "HTTP/2", "h2c_version": version}
 
 
-def proxies_from_env(ctx: Context, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The proxy variables the client honours (with http.trust_env), URLs masked."""
-    if not ctx.http.trust_env:
-        return {}
-    env = dict(os.environ) if env is None else env
-    found: dict[str, str] = {}
-    for name in _PROXY_VARS:
-        value = env.get(name) or env.get(name.lower())
-        if value:
-            found[name] = value if name == "NO_PROXY" else mask_url(value)
-    return found
+def proxy_route(ctx: Context) -> dict[str, Any]:
+    """The proxy the client's transport connects to the target through, as the transport resolves it
+    (``resolve_proxy``: http.proxy, the environment's variables with http.trust_env, NO_PROXY), URL masked:
+    ``proxy`` (None when direct), ``source`` (the setting or variable), ``bypassed_by`` (the NO_PROXY entry
+    that sends the target past a proxy that is set), or ``proxy_error`` for a proxy the client cannot use."""
+    http = ctx.http
+    try:
+        route = resolve_proxy(http, ctx.resolved_url or ctx.base_url or "")
+    except ConfigError as exc:
+        return {"proxy": None, "proxy_error": str(exc)}
+    return {"proxy": route.shown, "source": route.source or None, "bypassed_by": route.bypassed_by or None}
 
 
 def clock_skew_s(date_header: str | None, received_wall: float) -> float | None:

@@ -114,7 +114,19 @@ def _path(report: Report, table: tuple[str, ...], http2_setting: Http2Mode) -> l
         out.append(Finding("path", "path.h2c", "info",
                            "h2c (HTTP/2 over plain http) " + ("works" if m["h2c"] else "is not spoken here"),
                            m.get("h2c_version") or m.get("h2c_error", "")))
-    proxies = {**m.get("proxy_env", {}), **report.measurements["limits"].get("proxy_headers", {})}
+    route = m.get("proxy") or {}
+    if route.get("proxy"):
+        out.append(Finding("path", "path.proxy", "info",
+                           f"requests go through the proxy {route['proxy']} ({route['source']})",
+                           "CONNECT tunnels for https://, forwarded HTTP/1.1 for http://; the bare TCP and TLS "
+                           "probes above go direct"))
+    elif route.get("bypassed_by"):
+        out.append(Finding("path", "path.proxy", "info", "requests go direct, past the proxy that is set",
+                           f"NO_PROXY has {route['bypassed_by']}"))
+    elif route.get("proxy_error"):
+        out.append(Finding("path", "path.proxy", "fail", "the proxy configured cannot be used",
+                           route["proxy_error"]))
+    proxies = dict(report.measurements["limits"].get("proxy_headers", {}))
     if proxies:
         out.append(Finding("path", "path.proxy", "info", "something sits between you and the server",
                            "; ".join(f"{k}: {v}" for k, v in proxies.items())))

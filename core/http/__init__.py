@@ -17,6 +17,7 @@ from llmchat.core.http._interface import Endpoint, HTTPResponse, HTTPTransport
 from llmchat.core.http._mock import MockRequest, MockResponse, MockTransport
 from llmchat.core.http._openai import parse_chunk, parse_reply
 from llmchat.core.http._pools import Pools
+from llmchat.core.http._proxy_route import ProxyRoute, resolve_proxy
 from llmchat.core.http._ratelimit import parse_reset, read_headroom
 from llmchat.core.http._sse import ServerSentEvent, SSEDecoder
 from llmchat.core.http._toolcalls import ToolCall
@@ -32,6 +33,7 @@ __all__ = [
     "MockResponse",
     "MockTransport",
     "Pools",
+    "ProxyRoute",
     "SSEDecoder",
     "ServerSentEvent",
     "ToolCall",
@@ -41,6 +43,7 @@ __all__ = [
     "parse_reply",
     "parse_reset",
     "read_headroom",
+    "resolve_proxy",
     "message_content",
     "message_text",
     "read_attachment",

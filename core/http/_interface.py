@@ -64,8 +64,9 @@ class HTTPTransport(Protocol):
     read, body not yet), stamping ``phases`` as the attempt goes (start, pool wait, connect, TLS, send,
     headers); leaving it releases the connection. Failures before the headers raise llmchat's errors
     (``ConnectError``, ``TLSError``, ``TimeoutError``, ``DisconnectedError``...), so the retry layer decides on
-    llmchat types alone. ``prepare`` builds what the first request would otherwise pay for (safe to call
-    again); ``aclose`` closes every connection.
+    llmchat types alone. ``proxy`` names the proxy in between, if any (masked: it goes in records).
+    ``prepare`` builds what the first request would otherwise pay for (safe to call again); ``aclose`` closes
+    every connection.
     """
 
     @property
@@ -73,6 +74,11 @@ class HTTPTransport(Protocol):
 
     @property
     def is_open(self) -> bool: ...
+
+    @property
+    def proxy(self) -> str | None:
+        """The proxy the requests go through, its URL with credentials masked; None when they go direct."""
+        ...
 
     async def prepare(self) -> None: ...
 

@@ -102,6 +102,7 @@ class MockTransport:
         self.endpoint = endpoint or Endpoint(name="mock", base_url="http://mock.invalid/v1")
         self.requests: list[MockRequest] = []
         self.closed = False
+        self.proxy: str | None = None  # as a transport through a proxy would say it, if a test sets it
 
     @property
     def is_open(self) -> bool:

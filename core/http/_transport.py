@@ -19,6 +19,7 @@ server does); ``false`` is HTTP/1.1 only. The version actually used is read from
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import importlib
@@ -44,6 +45,7 @@ import httpx
 import llmchat.core.errors as errors
 from llmchat.core.config import HttpSettings
 from llmchat.core.http._interface import Endpoint
+from llmchat.core.http._proxy_route import ProxyRoute, resolve_proxy
 from llmchat.core.observe import Phases
 
 _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
@@ -97,8 +99,7 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
                 f"http.verify: cannot load the CA bundle {path} ({exc.__class__.__name__}: "
                 f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file or set it to true"
             ) from None
-    file = os.environ.get("SSL_CERT_FILE") if http.trust_env else None
-    folder = os.environ.get("SSL_CERT_DIR") if http.trust_env else None
+    file, folder = _cert_env(http)
     try:
         return _default_context(bool(http.http2), http.trust_env, file, folder)
     except (OSError, ssl.SSLError) as exc:
@@ -108,6 +109,13 @@ def _ssl_context(http: HttpSettings) -> ssl.SSLContext | bool:
             f"{getattr(exc, 'strerror', None) or exc}); point it at a PEM file, unset it, or set "
             "http.trust_env to false"
         ) from None
+
+
+def _cert_env(http: HttpSettings) -> tuple[str | None, str | None]:
+    """SSL_CERT_FILE and SSL_CERT_DIR, when http.trust_env lets the environment in."""
+    if not http.trust_env:
+        return None, None
+    return os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
 
 
 def _first_use(http: HttpSettings) -> ssl.SSLContext | bool:
@@ -129,7 +137,8 @@ def _default_context(
 
 
 def _build_client(
-    endpoint: Endpoint, verify: ssl.SSLContext | bool, *, connections: int, keepalive: int
+    endpoint: Endpoint, verify: ssl.SSLContext | bool, *, connections: int, keepalive: int,
+    route: ProxyRoute | None = None,
 ) -> httpx.AsyncClient:
     http = endpoint.http
     h2c = http.http2 == "h2c"
@@ -148,8 +157,8 @@ def _build_client(
     return httpx.AsyncClient(
         base_url=endpoint.base_url.rstrip("/") + "/",
         headers=headers,
-        transport=_transport(http, context, limits, http1=http1, http2=http2),
-        # Still given for the proxies httpx mounts from the environment (they keep httpcore's own pool).
+        # httpx mounts no proxy when given a transport: the transport's pool goes through route's itself.
+        transport=_transport(http, context, limits, http1=http1, http2=http2, route=route),
         http1=http1,
         http2=http2,
         verify=context,
@@ -727,7 +736,7 @@ class _Connection(httpcore.AsyncHTTPConnection):
         try:
             async with self._request_lock:
                 if self._connection is None:
-                    stream = await self._connect(request)
+                    stream = await self._open_stream(request)
                     ssl_object = stream.get_extra_info("ssl_object")
                     alpn_h2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
                     kind = _H2Connection if alpn_h2 or (self._http2 and not self._http1) else _H11Connection
@@ -750,11 +759,150 @@ class _Connection(httpcore.AsyncHTTPConnection):
                 self._origins.closes(self._origin)
             raise
 
+    def _open_stream(self, request: httpcore.Request) -> Coroutine[Any, Any, httpcore.AsyncNetworkStream]:
+        """The connected stream (TCP, and TLS for https) the HTTP connection speaks on."""
+        return self._connect(request)
+
+
+# -- Through a proxy ------------------------------------------------------------------------------------------
+# httpx mounts the environment's proxies only when it builds its own transport, and builds httpcore's proxy
+# pool with httpcore's own connections: neither would keep the classes above. So the pool below does what
+# httpcore's AsyncHTTPProxy does, with them: an http:// target goes to the proxy as HTTP/1.1 with the
+# absolute URL as its target (``_ForwardConnection``); an https:// one through a CONNECT tunnel, TLS with the
+# target inside it, h2 by ALPN end to end (``_TunnelConnection``). Which proxy, if any: ``_proxy_route.resolve_proxy``.
+
+
+def _proxy_headers(route: ProxyRoute) -> list[tuple[bytes, bytes]]:
+    credentials = route.credentials
+    if credentials is None:
+        return []
+    token = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode())
+    return [(b"Proxy-Authorization", b"Basic " + token)]
+
+
+def _proxy_origin(route: ProxyRoute) -> httpcore.Origin:
+    return httpcore.Origin(route.scheme.encode("ascii"), route.host.encode("idna"), route.port)
+
+
+class _ForwardConnection(httpcore.AsyncConnectionInterface):
+    """An http:// target's requests, sent to the proxy in absolute form on a ``_Connection`` to it (HTTP/1.1,
+    so the fast chunked reader and the retirement after ``max_requests`` hold)."""
+
+    def __init__(self, *, route: ProxyRoute, remote_origin: httpcore.Origin, proxy_ssl_context: ssl.SSLContext,
+                 keepalive_expiry: float | None, max_requests: int,
+                 network_backend: httpcore.AsyncNetworkBackend | None) -> None:
+        self._proxy_origin = _proxy_origin(route)
+        self._remote_origin = remote_origin
+        self._headers = _proxy_headers(route)
+        self._connection = _Connection(
+            origin=self._proxy_origin, max_requests=max_requests, keepalive_expiry=keepalive_expiry,
+            ssl_context=proxy_ssl_context, http1=True, http2=False, network_backend=network_backend,
+        )
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        url = httpcore.URL(scheme=self._proxy_origin.scheme, host=self._proxy_origin.host,
+                           port=self._proxy_origin.port, target=bytes(request.url))
+        proxied = httpcore.Request(method=request.method, url=url, headers=[*self._headers, *request.headers],
+                                   content=request.stream, extensions=request.extensions)
+        return await self._connection.handle_async_request(proxied)
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return origin == self._remote_origin
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+    def info(self) -> str:
+        return self._connection.info()
+
+    def is_available(self) -> bool:
+        return self._connection.is_available()
+
+    def has_expired(self) -> bool:
+        return self._connection.has_expired()
+
+    def is_idle(self) -> bool:
+        return self._connection.is_idle()
+
+    def is_closed(self) -> bool:
+        return self._connection.is_closed()
+
+
+class _TunnelConnection(_Connection):
+    """An https:// target's connection through a CONNECT tunnel: ``_Connection`` with a stream that is the
+    tunnel, TLS with the target inside it (so ALPN picks h2 or HTTP/1.1 with the target itself).
+
+    Its record's connect phase runs from the TCP connect to the proxy to the proxy's 2xx answer (the tunnel
+    up); TLS is the handshake with the target. A proxy that answers anything else fails the request with
+    httpcore's ProxyError ("407 Proxy Authentication Required"), which the transport names the proxy in."""
+
+    def __init__(self, *, route: ProxyRoute, proxy_ssl_context: ssl.SSLContext, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._proxy = _proxy_origin(route)
+        self._proxy_ssl = proxy_ssl_context
+        self._proxy_headers = _proxy_headers(route)
+        self._target_ssl: ssl.SSLContext = kw["ssl_context"]
+        self._backend: httpcore.AsyncNetworkBackend | None = kw.get("network_backend")
+
+    async def _open_stream(self, request: httpcore.Request) -> httpcore.AsyncNetworkStream:
+        origin = self._origin
+        timeout = request.extensions.get("timeout", {}).get("connect")
+        trace = request.extensions.get("trace")
+        hostport = b"%b:%d" % (origin.host, origin.port)
+        to_proxy = httpcore.AsyncHTTPConnection(
+            origin=self._proxy, ssl_context=self._proxy_ssl, network_backend=self._backend)
+        connect = httpcore.Request(
+            b"CONNECT",
+            httpcore.URL(scheme=self._proxy.scheme, host=self._proxy.host, port=self._proxy.port, target=hostport),
+            headers=[(b"Host", hostport), (b"Accept", b"*/*"), *self._proxy_headers],
+            # The whole exchange is the connect: the proxy's answer within the connect timeout too.
+            extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout),
+                        "trace": _tunnel_trace(trace)},
+        )
+        try:
+            response = await to_proxy.handle_async_request(connect)
+        except (httpcore.ReadTimeout, httpcore.WriteTimeout) as exc:
+            raise httpcore.ConnectTimeout("the proxy did not open the tunnel within the connect timeout") from exc
+        except (httpcore.ConnectError, httpcore.ConnectTimeout):
+            raise  # the TCP connect to the proxy itself: the transport says which, by the cause's type
+        except (httpcore.ProtocolError, httpcore.NetworkError) as exc:
+            raise httpcore.ProxyError(f"no answer to CONNECT: {exc}") from exc
+        if not 200 <= response.status < 300:
+            reason = response.extensions.get("reason_phrase", b"").decode("ascii", errors="replace")
+            await to_proxy.aclose()
+            raise httpcore.ProxyError(f"{response.status} {reason}".strip())
+        if trace is not None:
+            await trace("connection.connect_tcp.complete", {})  # the tunnel is up: that is the connect
+        stream: httpcore.AsyncNetworkStream = response.extensions["network_stream"]
+        context = self._target_ssl
+        context.set_alpn_protocols(["http/1.1", "h2"] if self._http2 else ["http/1.1"])
+        if trace is not None:
+            await trace("connection.start_tls.started", {})
+        stream = await stream.start_tls(context, server_hostname=origin.host.decode("ascii"), timeout=timeout)
+        if trace is not None:
+            await trace("connection.start_tls.complete", {})
+        return stream
+
+
+def _tunnel_trace(trace: Any) -> Any:
+    """The record's trace for the CONNECT exchange: its TCP connect's start only (the tunnel's end is the
+    connect's end, stamped by ``_TunnelConnection``); the CONNECT's own send and headers are not the
+    request's."""
+    if trace is None:
+        return None
+
+    async def tunnel(name: str, info: Mapping[str, Any]) -> None:
+        if name == "connection.connect_tcp.started":
+            await trace(name, info)
+
+    return tunnel
+
 
 class _Pool(httpcore.AsyncConnectionPool):
-    """httpcore's pool, making ``_Connection``s."""
+    """httpcore's pool, making ``_Connection``s: direct, or through ``proxy`` (see above)."""
 
     def __init__(self, *, max_requests: int, network_backend: httpcore.AsyncNetworkBackend | None = None,
+                 proxy: ProxyRoute | None = None, proxy_ssl_context: ssl.SSLContext | None = None,
                  **kw: Any) -> None:
         super().__init__(network_backend=network_backend, **kw)
         self._max_requests = max_requests
@@ -764,9 +912,22 @@ class _Pool(httpcore.AsyncConnectionPool):
             ssl_context=kw.get("ssl_context"), keepalive_expiry=kw.get("keepalive_expiry"),
             http1=kw.get("http1", True), http2=kw.get("http2", False), network_backend=network_backend,
         )
+        self._route = proxy if proxy is not None and proxy.url is not None else None
+        self._proxy_ssl = proxy_ssl_context
 
     def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
-        return _Connection(origin=origin, max_requests=self._max_requests, origins=self._origins, **self._kw)
+        route = self._route
+        if route is None:
+            return _Connection(origin=origin, max_requests=self._max_requests, origins=self._origins, **self._kw)
+        proxy_ssl = self._proxy_ssl or self._kw["ssl_context"]
+        if origin.scheme == b"http":
+            return _ForwardConnection(
+                route=route, remote_origin=origin, proxy_ssl_context=proxy_ssl,
+                keepalive_expiry=self._kw["keepalive_expiry"], max_requests=self._max_requests,
+                network_backend=self._kw["network_backend"],
+            )
+        return _TunnelConnection(route=route, proxy_ssl_context=proxy_ssl, origin=origin,
+                                 max_requests=self._max_requests, origins=self._origins, **self._kw)
 
 
 # -- the network backend: httpcore's connections on asyncio's own transports ---------------------------------
@@ -991,15 +1152,28 @@ _BACKEND = AsyncioBackend()
 
 
 def _transport(http: HttpSettings, verify: ssl.SSLContext, limits: httpx.Limits, *, http1: bool,
-               http2: bool) -> httpx.AsyncHTTPTransport:
+               http2: bool, route: ProxyRoute | None = None) -> httpx.AsyncHTTPTransport:
     transport = httpx.AsyncHTTPTransport(verify=verify, http1=http1, http2=http2, limits=limits,
                                          trust_env=http.trust_env)
+    proxy_ssl = None
+    if route is not None and route.scheme == "https":
+        # A TLS proxy gets a context of its own: httpcore sets ALPN on a context per connection, and the
+        # proxy's (HTTP/1.1 only) must not change the target's h2 offer under a handshake in flight.
+        try:
+            proxy_ssl = _default_context(False, http.trust_env, *_cert_env(http))
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.ConfigError(
+                f"cannot load the CA certificates for the proxy {route.shown} ({exc.__class__.__name__}: "
+                f"{getattr(exc, 'strerror', None) or exc}); fix SSL_CERT_FILE / SSL_CERT_DIR, or use an "
+                "http:// proxy URL"
+            ) from None
     # httpx has no hook for the pool it builds; the one it holds (a private name, pinned by a test) is swapped
     # for ours with the same settings.
     transport._pool = _Pool(
         ssl_context=verify, max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
         http1=http1, http2=http2, max_requests=http.max_requests_per_connection, network_backend=_BACKEND,
+        proxy=route, proxy_ssl_context=proxy_ssl,
     )
     return transport
 
@@ -1019,6 +1193,7 @@ class Transport:
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
+        self._route: ProxyRoute | None = None
         self._verify: ssl.SSLContext | bool | None = None
         self._clients: list[httpx.AsyncClient | None] = []
         # HTTP/1.1-only pools: which slots have a request in flight, and the queue for a free one.
@@ -1030,6 +1205,23 @@ class Transport:
     @property
     def is_open(self) -> bool:
         return any(c is not None for c in self._clients)
+
+    @property
+    def route(self) -> ProxyRoute:
+        """How this transport reaches the endpoint: the proxy it connects through and where that came from
+        (``resolve_proxy``, read once, when first asked). Raises ConfigError for a proxy it cannot use."""
+        if self._route is None:
+            self._route = resolve_proxy(self.endpoint.http, self.endpoint.base_url)
+        return self._route
+
+    @property
+    def proxy(self) -> str | None:
+        """The proxy this transport's requests go through, credentials masked; None when they go direct (or
+        the proxy configured is unusable, which the first request reports)."""
+        try:
+            return self.route.shown
+        except errors.ConfigError:
+            return None
 
     def _open(self) -> None:
         http = self.endpoint.http
@@ -1049,7 +1241,7 @@ class Transport:
         else:
             connections, keepalive = 1, int(slot < http.max_keepalive_connections)
         client = self._clients[slot] = _build_client(
-            self.endpoint, self._verify, connections=connections, keepalive=keepalive
+            self.endpoint, self._verify, connections=connections, keepalive=keepalive, route=self.route
         )
         pool = getattr(getattr(client, "_transport", None), "_pool", None)
         if isinstance(pool, _Pool):
@@ -1073,7 +1265,10 @@ class Transport:
             if self._verify is None:
                 self._verify = verify
         if self._clients and self._clients[0] is None:
-            self._client(0)
+            try:
+                self._client(0)
+            except errors.ConfigError:
+                return  # an unusable proxy: the first request meets it and says so
 
     async def _acquire(self) -> int:
         """A free slot, waiting up to http.pool_timeout_s for one; always 0 in a one-client pool."""
@@ -1141,12 +1336,16 @@ class Transport:
             try:
                 resp = await client.send(req, stream=True)
             except _WIRE_ERRORS as exc:
-                raise _send_error(exc, self.endpoint, phases) from None
+                raise _send_error(exc, self.endpoint, phases, self._route) from None
             phases.headers_ns = phases.headers_ns or time.perf_counter_ns()
             if self._origins.news:
                 # Said once, on the first attempt that got an answer after the pool learnt it.
                 self._origins.news = False
                 phases.closes_after_response = True
+            if resp.status_code == 407 and self._route is not None and self._route.url is not None:
+                # Only a forward proxy answers 407 (a tunnel's comes as CONNECT's answer, a ProxyError).
+                await resp.aclose()
+                raise _proxy_refused(self.endpoint, self._route, "407 Proxy Authentication Required")
             try:
                 yield WireResponse(resp, self.endpoint)
             finally:
@@ -1249,12 +1448,63 @@ def _pool_timeout(ep: Endpoint) -> errors.TimeoutError:
     )
 
 
-def _send_error(exc: Exception, ep: Endpoint, phases: Phases) -> errors.APIError | errors.ConfigError:
-    """The llmchat error for a failure before the response headers (``exc`` is one of ``_WIRE_ERRORS``)."""
+def _proxy_refused(ep: Endpoint, route: ProxyRoute, reason: str) -> errors.ConnectError:
+    """The proxy answered, and not with the tunnel or the reply: one line naming it and what to change."""
+    source = route.source
+    # 407 is the standard's answer to missing or wrong credentials; tinyproxy answers a CONNECT with 401.
+    credentials = reason.startswith(("407", "401"))
+    if credentials:
+        fix = f"put the proxy's user and password in {source} (http://user:password@host:port)"
+    elif reason.startswith("403"):
+        fix = (f"the proxy does not allow {ep.hostport} (or this machine): ask its admin, or add the host to "
+               "NO_PROXY")
+    else:
+        fix = f"check {source}, or add {urlsplit(ep.base_url).hostname} to NO_PROXY"
+    error = errors.ConnectError(f"the proxy {route.shown} ({source}) refused the request to {ep.hostport} "
+                                f"({_short(reason)}); {fix}")
+    error.retryable = not (credentials or reason.startswith("403"))  # the same request would get the same
+    return error
+
+
+def _proxy_error(exc: Exception, ep: Endpoint, phases: Phases, route: ProxyRoute) -> errors.APIError | None:
+    """A failure before the response that was the proxy's: its answer to CONNECT, or no connection to it
+    (the TCP connect, before any byte went to the target: ``phases`` has no connect end). None otherwise."""
+    proxy = _find(exc, httpcore.ProxyError)
+    if isinstance(exc, httpx.ProxyError) or proxy is not None:
+        return _proxy_refused(ep, route, str(proxy or exc))
+    if phases.connect_end_ns is not None:
+        return None  # the tunnel was up: what failed was the target's TLS or the target itself
+    named = f"the proxy {route.shown} ({route.source})"
+    fix = f"check {route.source}" + ("" if route.source == "http.proxy" else
+                                     ", or set http.trust_env to false to go direct")
+    if isinstance(exc, httpx.ConnectTimeout):
+        return errors.TimeoutError(
+            f"connecting to {named} timed out after {ep.http.connect_timeout_s:g} s; {fix}", phase="connect")
+    if not isinstance(exc, httpx.ConnectError):
+        return None
+    kind = _cause_kind(exc)
+    if kind == "dns":
+        return errors.ConnectError(f"cannot resolve the host of {named} (DNS lookup failed); {fix}")
+    if kind == "refused":
+        return errors.ConnectError(f"connection refused by {named}: nothing is listening there; {fix}")
+    if kind == "tls":
+        return None
+    return errors.ConnectError(f"cannot connect to {named} ({_short(str(exc))}); {fix}")
+
+
+def _send_error(
+    exc: Exception, ep: Endpoint, phases: Phases, route: ProxyRoute | None = None
+) -> errors.APIError | errors.ConfigError:
+    """The llmchat error for a failure before the response headers (``exc`` is one of ``_WIRE_ERRORS``);
+    through a proxy (``route``), a failure that was the proxy's names it."""
     where = ep.hostport
     http = ep.http
     if isinstance(exc, httpx.PoolTimeout):
         return _pool_timeout(ep)
+    if route is not None and route.url is not None:
+        proxied = _proxy_error(exc, ep, phases, route)
+        if proxied is not None:
+            return proxied
     if isinstance(exc, httpx.ConnectTimeout):
         return errors.TimeoutError(
             f"connecting to {where} timed out after {http.connect_timeout_s:g} s; check the host is up and "

@@ -170,6 +170,8 @@ class TimingRecord:
     every message, else the 4-bytes-a-token estimate); set once the server's usage arrived, to compare."""
     usage_from_server: bool = False
     http_version: str = ""
+    # The proxy the request went through (its URL, credentials masked), None when direct or never sent.
+    proxy: str | None = None
     status: int | None = None
     attempts: int = 1
     retries: list[Any] = field(default_factory=list)  # RetryEvent, kept untyped so this module stays a leaf
@@ -392,6 +394,7 @@ class TimingRecord:
             "host": self.host,
             "mode": self.mode,
             "http_version": self.http_version,
+            "proxy": self.proxy,
             "connection_reused": self.connection_reused,
             "status": self.status,
             "model_lookup_ms": round_ms(self.model_lookup_ms),
