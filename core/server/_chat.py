@@ -18,6 +18,12 @@ content token sent, last token sent) rides on the final chunk before ``[DONE]`` 
 ``include_usage`` is set) and on every whole reply; there, "first token" is when the first token would have
 been ready. After a cold start (``cold_start_ms``) it also carries ``model_load_ns``: how long this request
 waited for its model to load, which the client attributes as the server's model load, not its prefill.
+
+Shapes: a plain reply (one choice, no logprobs, no thinking or tool call) goes out through the byte templates
+of ``_encode`` on the paths above, which nothing else slows; a ``response_format`` changes only its text
+(``_structured``). Thinking, a tool call, ``logprobs`` or ``n`` > 1 take ``ChatResponder._rich`` instead: each
+choice's events built once per request (``_thinking``), interleaved (``_choices``), paced like tokens; the
+faults (stall, drop) are the plain path's alone.
 """
 
 from __future__ import annotations
