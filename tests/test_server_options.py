@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from llmchat.core.server import RunningServer
 
@@ -160,6 +162,37 @@ def test_a_schema_value_covers_every_type_nested() -> None:
 
     for seed in range(30):
         check_schema_value(json.loads(json_text(SCHEMA, random.Random(seed))))
+
+
+_KEYWORDS = st.sampled_from([
+    "type", "properties", "required", "items", "prefixItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+    "$defs", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+    "maxLength", "format", "additionalProperties", "A",
+])
+_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(),
+    st.sampled_from(["object", "array", "string", "integer", "number", "boolean", "null", "#", "#/$defs/A",
+                     "date-time", "uuid"]),
+)
+_SCHEMAS = st.dictionaries(_KEYWORDS, st.recursive(
+    _LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYWORDS, inner, max_size=5),
+    max_leaves=25), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=_SCHEMAS, seed=st.integers(0, 3))
+@example(schema={"allOf": [{"$ref": 5}]}, seed=0)
+@example(schema={"allOf": [{"properties": "bad", "required": "a"}]}, seed=0)
+@example(schema={"properties": {"a": {}}, "required": [["a"]]}, seed=0)
+@example(schema={"type": "integer", "minimum": float("inf")}, seed=0)
+@example(schema={"type": "number", "maximum": 10**400}, seed=0)
+@example(schema={"$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+                                 "required": ["a"]}}, "$ref": "#/$defs/A"}, seed=0)
+def test_any_schema_at_all_gets_a_json_document_and_no_error(schema: dict[str, Any], seed: int) -> None:
+    # A client's schema is the client's: a malformed or self-referencing one still gets a reply, not a 500.
+    from llmchat.core.server._structured import json_text
+
+    json.loads(json_text(schema, random.Random(seed)))
 
 
 def check_logprobs(entries: list[dict[str, Any]], content: str, top: int) -> None:

@@ -12,6 +12,7 @@ and messages, as every reply of this server is.
 from __future__ import annotations
 
 import json
+import math
 import random
 import uuid
 from typing import Any
@@ -21,6 +22,9 @@ MAX_DEPTH = 8
 schema ends."""
 _GIVE_UP_DEPTH = 32
 """A schema whose requirements recurse for ever gets ``null`` here rather than no reply at all."""
+_MOST_ITEMS = 1000
+_LONGEST = 4096
+"""Caps on what a schema can ask for (``minItems``, ``minLength``): a test server answers, whatever it is asked."""
 _WORDS = (
     "pool", "stream", "token", "latency", "cache", "retry", "socket", "window", "prefill", "decode", "queue",
     "budget", "jitter", "header", "frame", "record", "steady", "quick", "careful", "plain", "warm", "cold",
@@ -77,12 +81,15 @@ def _value(schema: Any, rng: random.Random, root: dict[str, Any], depth: int) ->
     parts = schema.get("allOf")
     if isinstance(parts, list) and parts:
         merged = {k: v for k, v in schema.items() if k != "allOf"}
+        properties, required = dict(_dict(schema.get("properties"))), list(_list(schema.get("required")))
         for part in parts:
-            part = _resolve(part["$ref"], root) if isinstance(part, dict) and "$ref" in part else part
+            if isinstance(part, dict) and isinstance(part.get("$ref"), str):
+                part = _resolve(part["$ref"], root)
             if isinstance(part, dict):
                 merged.update({k: v for k, v in part.items() if k not in ("properties", "required")})
-                merged["properties"] = {**merged.get("properties", {}), **part.get("properties", {})}
-                merged["required"] = [*merged.get("required", []), *part.get("required", [])]
+                properties.update(_dict(part.get("properties")))
+                required += _list(part.get("required"))
+        merged["properties"], merged["required"] = properties, required
         return _value(merged, rng, root, depth + 1)
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -108,10 +115,8 @@ def _value(schema: Any, rng: random.Random, root: dict[str, Any], depth: int) ->
 
 
 def _object(schema: dict[str, Any], rng: random.Random, root: dict[str, Any], depth: int) -> dict[str, Any]:
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
-    required = schema.get("required")
-    required = set(required) if isinstance(required, list) else set()
+    properties = _dict(schema.get("properties"))
+    required = {name for name in _list(schema.get("required")) if isinstance(name, str)}
     out: dict[str, Any] = {}
     for name, sub in properties.items():
         if name in required or (depth < MAX_DEPTH and rng.random() < 0.5):
@@ -126,8 +131,8 @@ def _object(schema: dict[str, Any], rng: random.Random, root: dict[str, Any], de
 def _array(schema: dict[str, Any], rng: random.Random, root: dict[str, Any], depth: int) -> list[Any]:
     prefix = schema.get("prefixItems")
     prefix = prefix if isinstance(prefix, list) else []
-    low = _int(schema.get("minItems"), 0)
-    high = _int(schema.get("maxItems"), max(low, 3))
+    low = min(_int(schema.get("minItems"), 0), _MOST_ITEMS)
+    high = min(_int(schema.get("maxItems"), max(low, 3)), _MOST_ITEMS)
     fewest = max(low, 1) if high >= 1 else 0  # an array with an item says more than an empty one
     count = low if depth >= MAX_DEPTH else rng.randint(fewest, max(fewest, min(high, max(low, 3))))
     count = max(count, min(len(prefix), high))
@@ -141,7 +146,7 @@ def _string(schema: dict[str, Any], rng: random.Random) -> str:
         return rng.choice(samples)
     if schema.get("format") == "uuid":
         return _uuid(rng)
-    low = _int(schema.get("minLength"), 0)
+    low = min(_int(schema.get("minLength"), 0), _LONGEST)
     high = _int(schema.get("maxLength"), 0)
     text = _words(rng, 1, 4)
     while len(text) < low:
@@ -190,8 +195,23 @@ def _resolve(ref: str, root: dict[str, Any]) -> Any:
     return node
 
 
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number of the schema (a bound of NaN or infinity, which Python's JSON parser takes, is none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float's range
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _int(value: object, default: int) -> int:
