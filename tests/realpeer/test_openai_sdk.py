@@ -148,7 +148,8 @@ def test_a_whole_chat_completion(sdk: Callable[..., Any]) -> None:
     (choice,) = completion.choices
     assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"
     assert completion.usage is not None and completion.usage.completion_tokens == 20
-    assert completion._request_id and completion._request_id.startswith("req_")  # the SDK's x-request-id
+    # _request_id is the SDK's x-request-id, public despite its underscore (the SDK's README says so).
+    assert completion._request_id and completion._request_id.startswith("req_")
 
 
 def test_a_streamed_chat_completion_says_what_the_whole_one_does(sdk: Callable[..., Any]) -> None:
