@@ -1,6 +1,6 @@
 """The local server's Batch API over real sockets: /v1/files (upload by httpx's own multipart encoder,
-retrieve, content) and /v1/batches (create, retrieve, cancel, list), its lines answered by the live reply
-path, with its turnaround, failed share and expiry."""
+retrieve, content, delete, list in pages) and /v1/batches (create, retrieve, cancel, list), its lines answered
+by the live reply path, with its turnaround, failed share and expiry, and its model and usage."""
 
 from __future__ import annotations
 
@@ -240,6 +240,62 @@ def test_list_is_newest_first_and_pages_with_after(
     assert [b["id"] for b in rest["data"]] == [ids[0]] and rest["has_more"] is False
     assert client.get("/batches", params={"limit": 0}).status_code == 400
     assert client.get("/batches/batch_nope").status_code == 404
+
+
+def test_a_deleted_file_is_gone_and_a_second_delete_is_404(http: Callable[..., httpx.Client]) -> None:
+    client = http()
+    stored = upload(client, [chat_line("a", "x")])
+    gone = client.delete(f"/files/{stored['id']}")
+    assert gone.status_code == 200
+    assert gone.json() == {"id": stored["id"], "object": "file", "deleted": True}
+    assert client.get(f"/files/{stored['id']}").status_code == 404
+    again = client.delete(f"/files/{stored['id']}")
+    assert again.status_code == 404 and again.json()["error"]["code"] == "file_not_found"
+    assert stored["id"] not in [f["id"] for f in client.get("/files").json()["data"]]
+
+
+def test_the_file_list_pages_with_limit_and_after_and_names_its_first_and_last(
+    server_factory: Factory, http: Callable[..., httpx.Client]
+) -> None:
+    client = http(server_factory(profile="instant"))
+    ids = [upload(client, [chat_line(str(i), "x")])["id"] for i in range(3)]
+    other = upload(client, [chat_line("u", "x")], purpose="user_data")["id"]
+    whole = client.get("/files").json()
+    assert [f["id"] for f in whole["data"]] == [other, *ids[::-1]]  # newest first by default
+    assert whole["first_id"] == other and whole["last_id"] == ids[0] and whole["has_more"] is False
+    first = client.get("/files", params={"limit": 2, "purpose": "batch"}).json()
+    assert [f["id"] for f in first["data"]] == [ids[2], ids[1]]
+    assert (first["object"], first["first_id"], first["last_id"], first["has_more"]) == ("list", ids[2], ids[1], True)
+    rest = client.get("/files", params={"limit": 2, "purpose": "batch", "after": first["last_id"]}).json()
+    assert [f["id"] for f in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    oldest = client.get("/files", params={"order": "asc", "limit": 1}).json()
+    assert oldest["data"][0]["id"] == ids[0] and oldest["has_more"] is True
+    for bad in ({"limit": 0}, {"limit": 10_001}, {"order": "sideways"}):
+        error = client.get("/files", params=bad).json()["error"]
+        assert error["param"] == next(iter(bad)) and "\n" not in error["message"]
+
+
+def test_a_batch_names_its_model_and_sums_its_lines_usage(
+    server_factory: Factory, http: Callable[..., httpx.Client]
+) -> None:
+    client = http(server_factory(profile="instant", reasoning_tokens=3))
+    lines = [chat_line(f"q{i}", f"question {i}") for i in range(3)]
+    batch = create(client, upload(client, lines)["id"])
+    assert batch["model"] == "llmchat-local"
+    assert batch["usage"]["total_tokens"] == 0  # nothing answered yet
+    done = wait_for(client, batch["id"], ("completed",))
+    usages = [o["response"]["body"]["usage"] for o in lines_of(client, done["output_file_id"])]
+    prompt = sum(u["prompt_tokens"] for u in usages)
+    completion = sum(u["completion_tokens"] for u in usages)
+    assert done["model"] == "llmchat-local"
+    assert done["usage"] == {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 9},
+        "total_tokens": prompt + completion,
+    }
+    assert prompt > 0 and completion > 9
 
 
 def test_the_batch_endpoints_need_the_key_like_the_others(

@@ -200,7 +200,8 @@ async def test_generation_parameters_are_accepted_and_echoed(local_server: Runni
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
         ({"temperature": 3}, "temperature"),
         ({"top_p": -0.1}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),

@@ -1,5 +1,5 @@
-"""OpenAI's Batch API, emulated: ``/v1/files`` (upload, retrieve, content) and ``/v1/batches`` (create,
-retrieve, cancel, list).
+"""OpenAI's Batch API, emulated: ``/v1/files`` (upload, list, retrieve, content, delete) and ``/v1/batches``
+(create, retrieve, cancel, list), the lists paged by ``limit`` and ``after`` as OpenAI pages them.
 
 A batch's lines go through the server's own chat reply path (``ChatResponder``: the latency profile,
 ``error_rate`` and ``max_concurrency`` apply to them as to live requests), started evenly over
@@ -20,7 +20,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,6 +35,8 @@ Handler = Callable[[Exchange], Awaitable[None]]
 
 FILE_MAX_BODY = MAX_DRAIN
 """The largest upload /v1/files takes (OpenAI's is 200 MB; a test server needs less)."""
+MAX_FILES_PAGE = 10_000
+"""The largest ``limit`` of a file list, and its default, as OpenAI's."""
 MAX_LINES = 50_000
 """Lines per batch, as OpenAI allows."""
 ENDPOINTS = ("/v1/chat/completions",)
@@ -90,6 +92,21 @@ class Batch:
     stamps: dict[str, int] = field(default_factory=dict)
     """When each later status began (``in_progress_at``, ``completed_at`` ...), wall-clock seconds."""
     task: asyncio.Task[None] | None = None
+    model: str | None = None
+    """The model the batch's lines ask for (its first line's; None when that line says nothing readable)."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def count(self, usage: object) -> None:
+        """Add an answered line's ``usage`` (a chat completion's) to the batch's."""
+        if not isinstance(usage, dict):
+            return
+        self.input_tokens += _tokens(usage, "prompt_tokens")
+        self.output_tokens += _tokens(usage, "completion_tokens")
+        self.cached_tokens += _tokens(usage.get("prompt_tokens_details"), "cached_tokens")
+        self.reasoning_tokens += _tokens(usage.get("completion_tokens_details"), "reasoning_tokens")
 
     def enter(self, status: str) -> None:
         self.status = status
@@ -112,7 +129,21 @@ class Batch:
             **{f"{s}_at": self.stamps.get(f"{s}_at") for s in stamps},
             "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
             "metadata": self.metadata,
+            "model": self.model,
+            # OpenAI's Batch usage: the answered lines' tokens so far, named as the Responses API names them.
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens": self.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                "total_tokens": self.input_tokens + self.output_tokens,
+            },
         }
+
+
+def _tokens(obj: object, name: str) -> int:
+    value = obj.get(name) if isinstance(obj, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class BatchEmulator:
@@ -141,7 +172,7 @@ class BatchEmulator:
             return {"POST": self._create, "GET": self._list}
         parts = path.split("/")[3:]  # "", "v1", "files" | "batches", then the id and maybe an action
         if path.startswith("/v1/files/") and len(parts) == 1:
-            return {"GET": self._retrieve_file}
+            return {"GET": self._retrieve_file, "DELETE": self._delete_file}
         if path.startswith("/v1/files/") and len(parts) == 2 and parts[1] == "content":
             return {"GET": self._content}
         if path.startswith("/v1/batches/") and len(parts) == 1:
@@ -193,9 +224,26 @@ class BatchEmulator:
         return stored
 
     async def _list_files(self, ex: Exchange) -> None:
+        """OpenAI's file list: ``order`` by creation (``desc``, newest first, by default), ``purpose``,
+        ``limit`` (1 to 10,000, default 10,000) and ``after`` (a file id: the page after it)."""
         self._authorize(ex)
-        data = [f.obj() for f in sorted(self.files.values(), key=lambda f: f.created_at, reverse=True)]
-        await ex.respond(200, dumps({"object": "list", "data": data, "has_more": False}))
+        query = _query(ex)
+        order = query.get("order", ["desc"])[0]
+        if order not in ("asc", "desc"):
+            raise _unsupported("order", order, ("asc", "desc"))
+        files = list(self.files.values())  # stored in this order, and created_at has ties
+        if order == "desc":
+            files.reverse()
+        purpose = query.get("purpose", [""])[0]
+        if purpose:
+            files = [f for f in files if f.purpose == purpose]
+        await ex.respond(200, dumps(_page(files, query, MAX_FILES_PAGE)))
+
+    async def _delete_file(self, ex: Exchange) -> None:
+        self._authorize(ex)
+        stored = self._file(ex)
+        del self.files[stored.id]
+        await ex.respond(200, dumps({"id": stored.id, "object": "file", "deleted": True}))
 
     async def _retrieve_file(self, ex: Exchange) -> None:
         self._authorize(ex)
@@ -256,11 +304,28 @@ class BatchEmulator:
         now = int(time.time())
         seconds = int(match[1]) * (3600 if match[2] == "h" else 86400)
         batch = Batch(
-            "batch_" + os.urandom(12).hex(), file_id, str(endpoint), str(window), metadata, now, now + seconds
+            "batch_" + os.urandom(12).hex(), file_id, str(endpoint), str(window), metadata, now, now + seconds,
+            model=self._model_of(stored.data),
         )
         self.batches[batch.id] = batch
         batch.task = asyncio.get_running_loop().create_task(self._run(batch, stored.data))
         await ex.respond(200, dumps(batch.obj()))
+
+    def _model_of(self, data: bytes) -> str | None:
+        """The model the first line of an input file asks for (the default model when its body names none);
+        None when that line is not a request. The batch's lines are checked one by one later."""
+        first = next((line for line in data.split(b"\n") if line.strip()), b"")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            return None
+        body = obj.get("body") if isinstance(obj, dict) else None
+        if not isinstance(body, dict):
+            return None
+        model = body.get("model")
+        if isinstance(model, str):
+            return model
+        return self.models[0] if model is None else None
 
     def _batch(self, ex: Exchange) -> Batch:
         batch_id = ex.path.rstrip("/").split("/")[3]
@@ -286,36 +351,8 @@ class BatchEmulator:
 
     async def _list(self, ex: Exchange) -> None:
         self._authorize(ex)
-        query = parse_qs(bytes(ex.scope.get("query_string", b"")).decode("latin-1"))
-        try:
-            limit = int(query.get("limit", ["20"])[0])
-        except ValueError:
-            limit = -1
-        if not 1 <= limit <= 100:
-            raise HTTPFailure(
-                400,
-                "Invalid value for 'limit': it must be a whole number from 1 to 100.",
-                code="invalid_value",
-                param="limit",
-            )
         newest = list(reversed(self.batches.values()))  # created in this order, and created_at has ties
-        after = query.get("after", [""])[0]
-        if after:
-            ids = [b.id for b in newest]
-            newest = newest[ids.index(after) + 1 :] if after in ids else []
-        page = newest[:limit]
-        await ex.respond(
-            200,
-            dumps(
-                {
-                    "object": "list",
-                    "data": [b.obj() for b in page],
-                    "first_id": page[0].id if page else None,
-                    "last_id": page[-1].id if page else None,
-                    "has_more": len(newest) > limit,
-                }
-            ),
-        )
+        await ex.respond(200, dumps(_page(newest, _query(ex), 100, 20)))
 
     # -- running a batch -------------------------------------------------------------------------------------
     async def _run(self, batch: Batch, data: bytes) -> None:
@@ -365,6 +402,8 @@ class BatchEmulator:
                 (outputs if status < 400 else errors).append((i, result))
                 if status < 400:
                     batch.completed += 1
+                    body = result["response"]["body"]
+                    batch.count(body.get("usage") if isinstance(body, dict) else None)
                 else:
                     batch.failed += 1
             finally:
@@ -579,6 +618,39 @@ def _unsupported(param: str, value: object, allowed: tuple[str, ...]) -> HTTPFai
         code="invalid_value",
         param=param,
     )
+
+
+def _query(ex: Exchange) -> dict[str, list[str]]:
+    return parse_qs(bytes(ex.scope.get("query_string", b"")).decode("latin-1"))
+
+
+def _page(
+    items: Sequence[StoredFile] | Sequence[Batch], query: dict[str, list[str]], most: int, default: int | None = None
+) -> dict[str, Any]:
+    """One page of a cursor-paged list as OpenAI sends it (``object``, ``data``, ``first_id``, ``last_id``,
+    ``has_more``): the ``limit`` items (1 to ``most``, default ``default`` or ``most``) after the one whose id
+    is ``after``. HTTPFailure 400 for a bad limit."""
+    raw = query.get("limit", [str(default or most)])[0]
+    limit = int(raw) if raw.isdigit() else -1
+    if not 1 <= limit <= most:
+        raise HTTPFailure(
+            400,
+            f"Invalid value for 'limit': it must be a whole number from 1 to {most:,}.",
+            code="invalid_value",
+            param="limit",
+        )
+    after = query.get("after", [""])[0]
+    if after:
+        ids = [item.id for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": [item.obj() for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def _request_id() -> str:

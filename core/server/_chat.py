@@ -22,6 +22,12 @@ content token sent, last token sent) rides on the final chunk before ``[DONE]`` 
 ``include_usage`` is set) and on every whole reply; there, "first token" is when the first token would have
 been ready. After a cold start (``cold_start_ms``) it also carries ``model_load_ns``: how long this request
 waited for its model to load, which the client attributes as the server's model load, not its prefill.
+
+Shapes: a plain reply (one choice, no logprobs, no thinking or tool call) goes out through the byte templates
+of ``_encode`` on the paths above, which nothing else slows; a ``response_format`` changes only its text
+(``_structured``). Thinking, a tool call, ``logprobs`` or ``n`` > 1 take ``ChatResponder._rich`` instead: each
+choice's events built once per request (``_thinking``), interleaved (``_choices``), paced like tokens; the
+faults (stall, drop) are the plain path's alone.
 """
 
 from __future__ import annotations
@@ -34,12 +40,19 @@ from typing import Any
 
 from llmchat.core.config import ServerSettings
 from llmchat.core.server import _encode as _wire
+from llmchat.core.server._choices import choice_stream, whole_choices
 from llmchat.core.server._connections import ConnectionRegistry
 from llmchat.core.server._faults import ColdStarts, FaultDice
 from llmchat.core.server._http import Exchange, HTTPFailure
-from llmchat.core.server._replies import Reply, build_reply, count_prompt_tokens, split_surrogates
+from llmchat.core.server._replies import (
+    Reply,
+    build_json_reply,
+    build_reply,
+    count_prompt_tokens,
+    split_surrogates,
+)
 from llmchat.core.server._requests import ChatRequest
-from llmchat.core.server._thinking import Events, Plan, plan, whole_message
+from llmchat.core.server._thinking import Events, Plan, plan
 
 MAX_WRITE = 16 * 1024
 DROP_GRACE_S = 0.05
@@ -116,11 +129,7 @@ class ChatResponder:
         loop = asyncio.get_running_loop()
         cold = self.cold.delay(req.model, loop.time())
         ex.model_load_ns = round(cold * 1e9)
-        seed = req.seed if req.seed is not None else self.settings.seed
-        limit = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
-        reply = build_reply(
-            req.model, req.messages_key, req.last_user_text, seed, limit, req.max_tokens is not None, req.stop
-        )
+        reply = self._build(req, req.messages_key)
         if req.stream and self.settings.split_surrogates:
             reply = split_surrogates(reply)
         prompt_tokens = count_prompt_tokens(req.messages, self.settings.template_overhead)
@@ -129,8 +138,8 @@ class ChatResponder:
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + prefill + self.dice.jitter()
         usage = _wire.usage(prompt_tokens, len(reply.tokens))
         try:
-            if self.settings.reasoning_tokens > 0 or self.settings.tool_call:
-                await self._thinking(ex, req, reply, first_due)
+            if self.settings.reasoning_tokens > 0 or self.settings.tool_call or not req.plain:
+                await self._rich(ex, req, reply, first_due)
             elif req.stream:
                 await self._stream(ex, req, reply, usage, first_due)
             else:
@@ -138,8 +147,20 @@ class ChatResponder:
         finally:
             self.cold.touch(req.model, loop.time())
 
+    def _build(self, req: ChatRequest, messages_key: str) -> Reply:
+        """The reply to ``req`` (``messages_key`` stands for its messages: another key, another choice)."""
+        seed = req.seed if req.seed is not None else self.settings.seed
+        if req.response_format is not None:
+            return build_json_reply(
+                req.model, messages_key, req.response_format.key, seed, req.max_tokens, req.stop
+            )
+        limit = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
+        return build_reply(
+            req.model, messages_key, req.last_user_text, seed, limit, req.max_tokens is not None, req.stop
+        )
+
     async def _whole(
-        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, int], first_due: float
+        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, Any], first_due: float
     ) -> None:
         loop = asyncio.get_running_loop()
         if not await ex.pause(first_due - loop.time()):
@@ -155,7 +176,7 @@ class ChatResponder:
         await ex.respond(200, body)
 
     async def _stream(
-        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, int], first_due: float
+        self, ex: Exchange, req: ChatRequest, reply: Reply, usage: dict[str, Any], first_due: float
     ) -> None:
         loop = asyncio.get_running_loop()
         template = _wire.ChunkTemplate(self.next_id(), int(time.time()), req.model, req.include_usage)
@@ -230,37 +251,45 @@ class ChatResponder:
                 origin, origin_k = loop.time() + self._stall, stall_at
                 due = max(due, origin + self.dice.jitter())
 
-    def _plan(self, req: ChatRequest, reply: Reply, template: _wire.ChunkTemplate) -> Plan:
-        return plan(
-            reply, reasoning_tokens=self.settings.reasoning_tokens, inline=self.settings.reasoning_inline,
-            tool_call=self.settings.tool_call, tools=req.tools, seed_text=req.messages_key,
-            last_user_text=req.last_user_text, events=Events(template.head, req.include_usage),
-            content=template.content,
-        )
-
-    async def _thinking(self, ex: Exchange, req: ChatRequest, reply: Reply, first_due: float) -> None:
-        """A reply with a thinking phase and/or a tool call (see ``_thinking``): token k due at
-        ``first_due + k / tokens_per_s``; the faults (stall, drop) are the plain replies' alone."""
+    async def _rich(self, ex: Exchange, req: ChatRequest, reply: Reply, first_due: float) -> None:
+        """A reply with a thinking phase, a tool call, logprobs and/or ``n`` choices (see ``_thinking`` and
+        ``_choices``): step k due at ``first_due + k / tokens_per_s``; the faults (stall, drop) are the plain
+        replies' alone. Choice 0 is the reply a plain request gets; choice i another, as if sampled again."""
         loop = asyncio.get_running_loop()
         template = _wire.ChunkTemplate(self.next_id(), int(time.time()), req.model, req.include_usage)
-        p = self._plan(req, reply, template)
-        usage = _wire.usage(count_prompt_tokens(req.messages, self.settings.template_overhead),
-                            p.completion_tokens)
+        top = req.top_logprobs if req.logprobs else None
+        choices: list[tuple[Events, Plan]] = []
+        for i in range(req.n):
+            key = req.messages_key if i == 0 else f"{req.messages_key}\x00choice {i}"
+            events = Events(template.head, req.include_usage, i)
+            choice_plan = plan(
+                reply if i == 0 else self._build(req, key), reasoning_tokens=self.settings.reasoning_tokens,
+                inline=self.settings.reasoning_inline, tool_call=self.settings.tool_call, tools=req.tools,
+                seed_text=key, last_user_text=req.last_user_text, events=events, top_logprobs=top,
+            )
+            choices.append((events, choice_plan))
+        plans = [p for _, p in choices]
+        reasoning = sum(p.reasoning_tokens for p in plans) if self.settings.reasoning_tokens > 0 else None
+        usage = _wire.usage(
+            count_prompt_tokens(req.messages, self.settings.template_overhead), sum(p.completion_tokens for p in plans), reasoning
+        )
         if not req.stream:
+            longest = max(p.completion_tokens for p in plans)  # the choices are generated side by side
             if not await ex.pause(first_due - loop.time()):
                 return
             first_ns = time.monotonic_ns()
-            if not await ex.pause(first_due + max(0, p.completion_tokens - 1) * self._interval - loop.time()):
+            if not await ex.pause(first_due + max(0, longest - 1) * self._interval - loop.time()):
                 return
             extra = self._extra(ex, req, first_ns, time.monotonic_ns(), usage)
-            await ex.respond(200, _wire.completion(self.next_id(), int(time.time()), req.model, p.content,
-                                                   p.finish_reason, usage, extra, whole_message(p)))
+            await ex.respond(200, _wire.completion(self.next_id(), int(time.time()), req.model, "", "stop",
+                                                   usage, extra, whole_choices(plans, req.logprobs)))
             return
+        stream = choice_stream(template, choices, req.logprobs)
         h11 = ex.scope.get("http_version") == "1.1"
         await ex.start(200, [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
-        await ex.write(template.role())
-        last = Reply((), (p.last_content,), p.finish_reason)
-        events, total = p.events, len(p.events) + 1  # the final chunk is the last event
+        ex.hold = self.settings.buffer_stream
+        await ex.write(stream.roles)
+        steps, total = stream.steps, len(stream.steps) + 1  # the final step is the last
         i, due, first_ns = 0, first_due, 0
         while i < total:
             if not await ex.pause(due - loop.time()):
@@ -271,8 +300,8 @@ class ChatResponder:
             while i < total and due <= ready and size < MAX_WRITE:
                 if i == 0:
                     first_ns = time.monotonic_ns()
-                part = events[i] if i < total - 1 else self._final(
-                    ex, req, template, last, usage, first_ns, time.monotonic_ns())
+                part = steps[i] if i < total - 1 else stream.final(
+                    usage, self._extra(ex, req, first_ns, time.monotonic_ns(), usage))
                 parts.append(part)
                 size += len(part)
                 i += 1
@@ -292,7 +321,7 @@ class ChatResponder:
         req: ChatRequest,
         template: _wire.ChunkTemplate,
         reply: Reply,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         first_due: float,
     ) -> None:
         """The whole reply at once, in MAX_WRITE slices cut wherever they fall (inside events, characters)."""
@@ -322,7 +351,7 @@ class ChatResponder:
         req: ChatRequest,
         template: _wire.ChunkTemplate,
         reply: Reply,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         first_ns: int,
         last_ns: int,
     ) -> bytes:
@@ -341,7 +370,7 @@ class ChatResponder:
         req: ChatRequest,
         template: _wire.ChunkTemplate,
         reply: Reply,
-        usage: dict[str, int],
+        usage: dict[str, Any],
     ) -> bytes:
         now = time.monotonic_ns()
         extra = self._extra(ex, req, now, now, usage)

@@ -25,12 +25,24 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """The ``usage`` object. With ``reasoning_tokens`` (a reasoning model's reply) it also has OpenAI's
+    ``prompt_tokens_details`` and ``completion_tokens_details``, the reasoning counted among the completion
+    tokens as OpenAI counts them; nothing here is ever cached (``cached_tokens`` 0)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if reasoning_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0}
+        out["completion_tokens_details"] = {
+            "reasoning_tokens": reasoning_tokens,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        }
+    return out
 
 
 def timing(
@@ -131,7 +143,7 @@ class ChunkTemplate:
             body += b"," + dumps(extra)[1:-1]
         return b"data: " + self._head + body + b"}\n\n"
 
-    def usage(self, usage_obj: dict[str, int], extra: dict[str, Any]) -> bytes:
+    def usage(self, usage_obj: dict[str, Any], extra: dict[str, Any]) -> bytes:
         """The usage chunk: no choices, the usage, and ``extra``."""
         return b"data: " + self._head + b'"choices":[],' + dumps({"usage": usage_obj, **extra})[1:] + b"\n\n"
 
@@ -142,12 +154,12 @@ def completion(
     model: str,
     text: str,
     finish_reason: str,
-    usage_obj: dict[str, int],
+    usage_obj: dict[str, Any],
     extra: dict[str, Any],
-    message: dict[str, Any] | None = None,
+    choices: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """A whole ``chat.completion`` object, ``extra`` (server_timing, ...) merged in; ``message`` replaces the
-    plain text message (reasoning, tool calls)."""
+    """A whole ``chat.completion`` object, ``extra`` (server_timing, ...) merged in; ``choices`` replaces the
+    one plain text choice (reasoning, tool calls, logprobs, n choices)."""
     return dumps(
         {
             "id": completion_id,
@@ -155,11 +167,10 @@ def completion(
             "created": created,
             "model": model,
             "system_fingerprint": FINGERPRINT,
-            "choices": [
+            "choices": choices or [
                 {
                     "index": 0,
-                    "message": message or {"role": "assistant", "content": text, "refusal": None,
-                                           "annotations": []},
+                    "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
                     "logprobs": None,
                     "finish_reason": finish_reason,
                 }

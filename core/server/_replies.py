@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from llmchat.core.server._structured import json_text
+
 # One token: a run of newlines, an optional space and up to 8 ASCII letters or 3 digits, an optional space and
 # one other character (so every non-ASCII code point is a token of its own), a run of blanks, or other space.
 _TOKEN = re.compile(r"\n+| ?[A-Za-z]{1,8}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]|[ \t]+|\s")
@@ -127,6 +129,37 @@ def _build_reply(
         tokens, stopped = _apply_stop(tokens, stop)
         if stopped:
             finish = "stop"
+    return Reply(tuple(tokens), tuple(_escape(t) for t in tokens), finish)
+
+
+def build_json_reply(
+    model: str,
+    messages_key: str,
+    format_key: str,
+    seed: int,
+    max_tokens: int | None,
+    stop: tuple[str, ...] = (),
+) -> Reply:
+    """The reply to a request with a JSON ``response_format``: ``format_key`` is its ``ResponseFormat.key``
+    (the type and schema as JSON). The document is whole (finish_reason "stop") unless the request's own
+    ``max_tokens`` (None: none given) cuts it, as it cuts a model's JSON ("length"). Cached; never fails."""
+    return _build_json_reply(model, messages_key, format_key, seed, max_tokens, stop)
+
+
+@lru_cache(maxsize=128)
+def _build_json_reply(
+    model: str, messages_key: str, format_key: str, seed: int, max_tokens: int | None, stop: tuple[str, ...]
+) -> Reply:
+    digest = hashlib.sha256(f"{model}\x00{seed}\x00{messages_key}\x00{format_key}".encode()).digest()
+    kind, schema = json.loads(format_key)
+    text = json_text(schema if kind == "json_schema" else None, random.Random(int.from_bytes(digest[:8], "big")))
+    tokens = tokenize(text)
+    finish = "stop"
+    if max_tokens is not None and len(tokens) > max_tokens:
+        tokens, finish = tokens[:max_tokens], "length"
+    if stop:
+        tokens, stopped = _apply_stop(tokens, stop)
+        finish = "stop" if stopped else finish
     return Reply(tuple(tokens), tuple(_escape(t) for t in tokens), finish)
 
 

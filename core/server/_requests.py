@@ -15,8 +15,28 @@ from llmchat.core.server._http import HTTPFailure
 
 MAX_COMPLETION_TOKENS = 100_000
 MAX_EMBEDDING_INPUTS = 2048
+MAX_CHOICES = 128
+"""The largest ``n`` OpenAI takes."""
+MAX_TOP_LOGPROBS = 20
+"""The largest ``top_logprobs`` OpenAI takes."""
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 _ECHOED = ("temperature", "top_p", "seed", "max_tokens", "max_completion_tokens", "stop", "n", "user")
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A checked ``response_format``: ``json_object``, or ``json_schema`` with its ``schema`` (None: any
+    object)."""
+
+    type: str
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        """The format as a string (part of the reply's identity). Not key-sorted: the reply's properties come
+        in the schema's order, as a model writes them."""
+        return json.dumps([self.type, self.schema], separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,18 @@ class ChatRequest:
     """The generation parameters the request gave, echoed back as ``request_params``."""
     tools: tuple[str, ...] = ()
     """The function names the request's ``tools`` offer, in order (what ``--tool-call`` calls)."""
+    n: int = 1
+    """How many choices to answer with."""
+    response_format: ResponseFormat | None = None
+    """A ``json_object`` or ``json_schema`` response format; None for plain text (none given, or ``text``)."""
+    logprobs: bool = False
+    top_logprobs: int = 0
+    """Alternatives per token in ``logprobs.content[].top_logprobs`` (0 to 20; only with ``logprobs``)."""
+
+    @property
+    def plain(self) -> bool:
+        """True when the reply is one choice without logprobs: the shape the fast paths of ``_chat`` send."""
+        return self.n == 1 and not self.logprobs
 
     @property
     def messages_key(self) -> str:
@@ -144,19 +176,23 @@ def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
     _number_in(payload, "temperature", 0.0, 2.0)
     _number_in(payload, "top_p", 0.0, 1.0)
     seed = _optional(payload, "seed", int, "an integer")
-    n = _optional(payload, "n", int, "an integer")
-    if n is not None and n != 1:
-        raise HTTPFailure(
-            400,
-            f"Invalid 'n': {n}. This server returns one choice per request; send n=1.",
-            code="invalid_value",
-            param="n",
-        )
+    n = _int_in(payload, "n", 1, MAX_CHOICES)
     _optional(payload, "user", str, "a string")
     stop = _stop(payload.get("stop"))
+    logprobs = _optional(payload, "logprobs", bool, "a boolean") or False
+    top_logprobs = _int_in(payload, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise HTTPFailure(
+            400,
+            "Invalid 'top_logprobs': it is only allowed when 'logprobs' is true; send logprobs: true with it.",
+            code="invalid_value",
+            param="top_logprobs",
+        )
+    response_format = _response_format(payload.get("response_format"), messages)
     params = {name: payload[name] for name in _ECHOED if name in payload}
     return ChatRequest(model, messages, stream, include_usage, max_tokens, seed, stop, params,
-                       _tool_names(payload.get("tools")))
+                       _tool_names(payload.get("tools")), n or 1, response_format, logprobs,
+                       top_logprobs or 0)
 
 
 def parse_embeddings(payload: dict[str, Any], models: Sequence[str], max_dim: int) -> EmbeddingsRequest:
@@ -239,6 +275,77 @@ def _optional(payload: dict[str, Any], name: str, kind: type, described: str, pr
     if kind is int and not _is_int(value) or kind is not int and not isinstance(value, kind):
         raise _invalid_type(prefix + name, described, value)
     return value
+
+
+def _int_in(payload: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """An optional integer field from ``low`` to ``high``, with OpenAI's wording when it is out of range."""
+    value: int | None = _optional(payload, name, int, "an integer")
+    if value is not None and value < low:
+        raise HTTPFailure(
+            400,
+            f"Invalid '{name}': integer below minimum value. Expected a value >= {low}, but got {value} "
+            "instead.",
+            code="integer_below_min_value",
+            param=name,
+        )
+    if value is not None and value > high:
+        raise HTTPFailure(
+            400,
+            f"Invalid '{name}': integer above maximum value. Expected a value <= {high}, but got {value} "
+            "instead.",
+            code="integer_above_max_value",
+            param=name,
+        )
+    return value
+
+
+def _response_format(value: object, messages: list[dict[str, Any]]) -> ResponseFormat | None:
+    """The checked ``response_format``; None for none or ``text``. HTTPFailure 400 as OpenAI words it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _invalid_type("response_format", "an object", value)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        # OpenAI refuses this unless the messages ask for JSON, so a model is never forced to write JSON blind.
+        if not any("json" in _text_of(m.get("content")).lower() for m in messages):
+            raise HTTPFailure(
+                400,
+                "'messages' must contain the word 'json' in some form, to use 'response_format' of type "
+                "'json_object'.",
+                code="invalid_value",
+                param="messages",
+            )
+        return ResponseFormat("json_object")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise HTTPFailure(
+                400,
+                "Missing required parameter: 'response_format.json_schema'.",
+                code="missing_required_parameter",
+                param="response_format.json_schema",
+            )
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise HTTPFailure(
+                400,
+                "Missing required parameter: 'response_format.json_schema.name'.",
+                code="missing_required_parameter",
+                param="response_format.json_schema.name",
+            )
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise _invalid_type("response_format.json_schema.schema", "an object", schema)
+        return ResponseFormat("json_schema", name, schema)
+    raise HTTPFailure(
+        400,
+        f"Invalid value: {_short(kind)}. Supported values are: 'text', 'json_object' and 'json_schema'.",
+        code="invalid_value",
+        param="response_format.type",
+    )
 
 
 def _number_in(payload: dict[str, Any], name: str, low: float, high: float) -> None:

@@ -8,6 +8,10 @@ tokeniser cuts the tags into pieces (``<``, ``think``, ``>``), so a client meets
 With ``tool_call`` the answer is a call to the request's first tool (``get_weather`` when it names none), its
 arguments, a JSON object, streamed in pieces under the same ``index`` as OpenAI does; ``finish_reason`` is
 ``tool_calls``. Each event is built once per request as bytes; ``_chat`` paces them like tokens.
+
+The same plan carries a request's ``logprobs`` (on its content tokens; reasoning and tool-call deltas have
+none, as a reasoning model's have none) and one choice of ``n`` (``Events`` writes any choice ``index``);
+``_choices`` interleaves the choices of one stream.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmchat.core.server._encode import dumps
+from llmchat.core.server._logprobs import chunk_logprobs, token_logprobs
 from llmchat.core.server._replies import Reply, tokenize
 
 DEFAULT_TOOL = "get_weather"
@@ -58,18 +63,31 @@ class Plan:
     reasoning: str
     content: str
     tool_call: dict[str, Any] | None
+    reasoning_tokens: int = 0
+    logprobs: list[dict[str, Any]] | None = None
+    """The content tokens' ``logprobs.content`` entries, when the request asked for them."""
+    last_logprobs: bytes | None = None
+    """The final chunk's ``logprobs`` object, when asked for and the reply ends in a content token."""
 
 
 class Events:
-    """Byte templates for the extra delta shapes, on the head of a request's ``ChunkTemplate``."""
+    """Byte templates for the delta shapes of one choice (``index``), on the head of a request's
+    ``ChunkTemplate``. For index 0 without logprobs they are byte for byte what ``ChunkTemplate`` writes."""
 
-    def __init__(self, head: bytes, include_usage: bool) -> None:
-        self._head = head
+    def __init__(self, head: bytes, include_usage: bool, index: int = 0) -> None:
+        self._open = b"data: " + head + b'"choices":[{"index":' + str(index).encode() + b',"delta":'
         self._usage = b',"usage":null' if include_usage else b""
+        self._close = b',"logprobs":null,"finish_reason":null}]' + self._usage + b"}\n\n"
 
     def _chunk(self, delta: bytes) -> bytes:
-        return (b"data: " + self._head + b'"choices":[{"index":0,"delta":' + delta
-                + b',"logprobs":null,"finish_reason":null}]' + self._usage + b"}\n\n")
+        return self._open + delta + self._close
+
+    def role(self, logprobs: bool) -> bytes:
+        """The choice's first event: the assistant role, no token (an empty ``logprobs.content`` when asked,
+        as OpenAI sends it)."""
+        lp = b'{"content":[],"refusal":null}' if logprobs else b"null"
+        return (self._open + b'{"role":"assistant","content":"","refusal":null},"logprobs":' + lp
+                + b',"finish_reason":null}]' + self._usage + b"}\n\n")
 
     def reasoning(self, escaped: bytes) -> bytes:
         return self._chunk(b'{"reasoning_content":"' + escaped + b'"}')
@@ -77,13 +95,29 @@ class Events:
     def tool_call(self, call: dict[str, Any]) -> bytes:
         return self._chunk(dumps({"tool_calls": [call]}))
 
+    def content(self, escaped: bytes, logprobs: bytes | None = None) -> bytes:
+        """A content token, already JSON-escaped; ``logprobs`` is its chunk's ``logprobs`` object."""
+        if logprobs is None:
+            return self._chunk(b'{"content":"' + escaped + b'"}')
+        return (self._open + b'{"content":"' + escaped + b'"},"logprobs":' + logprobs
+                + b',"finish_reason":null}]' + self._usage + b"}\n\n")
+
+    def finish(self, escaped: bytes, finish_reason: str, logprobs: bytes | None,
+               extra: dict[str, Any] | None) -> bytes:
+        """The choice's last event: its last token with ``finish_reason``, and ``extra`` if given."""
+        body = (self._open + b'{"content":"' + escaped + b'"},"logprobs":' + (logprobs or b"null")
+                + b',"finish_reason":"' + finish_reason.encode() + b'"}]' + self._usage)
+        if extra:
+            body += b"," + dumps(extra)[1:-1]
+        return body + b"}\n\n"
+
 
 def plan(
     reply: Reply, *, reasoning_tokens: int, inline: bool, tool_call: bool, tools: Sequence[str],
-    seed_text: str, last_user_text: str, events: Events, content: Any,
+    seed_text: str, last_user_text: str, events: Events, top_logprobs: int | None = None,
 ) -> Plan:
-    """The events of a reply with a thinking phase and/or a tool call. ``content`` is the request's
-    ``ChunkTemplate.content`` (escaped bytes to a content event)."""
+    """The events of one choice with a thinking phase, a tool call and/or logprobs (``top_logprobs`` None:
+    none asked for; else the alternatives per token) for its content tokens."""
     thoughts = thinking_tokens(reasoning_tokens, seed_text)
     out: list[bytes] = []
     answer: list[str] = []
@@ -97,19 +131,32 @@ def plan(
         arguments = tool_arguments(last_user_text)
         call = {"id": "call_" + hashlib.sha256(seed_text.encode()).hexdigest()[:24], "type": "function",
                 "function": {"name": name, "arguments": arguments}}
-        out += [content(_escape(t)) for t in answer]  # an inline block before the call
+        entries = _entries(answer, top_logprobs, seed_text)
+        out += _contents(events, answer, entries)  # an inline block before the call
         out.append(events.tool_call({"index": 0, "id": call["id"], "type": "function",
                                      "function": {"name": name, "arguments": ""}}))
         pieces = [arguments[i:i + 8] for i in range(0, len(arguments), 8)]
         out += [events.tool_call({"index": 0, "function": {"arguments": p}}) for p in pieces]
         text = "".join(answer)
         return Plan(out, b"", "tool_calls", len(thoughts) + 1 + len(pieces), "" if inline else "".join(thoughts),
-                    text, call)
+                    text, call, len(thoughts), entries)
     answer += reply.tokens
-    out += [content(_escape(t)) for t in answer[:-1]]
+    entries = _entries(answer, top_logprobs, seed_text)
+    out += _contents(events, answer[:-1], entries)
     last = _escape(answer[-1]) if answer else b""
+    last_lp = chunk_logprobs(entries[-1]) if entries else None
     return Plan(out, last, reply.finish_reason, len(thoughts) + len(reply.tokens),
-                "" if inline else "".join(thoughts), "".join(answer), None)
+                "" if inline else "".join(thoughts), "".join(answer), None, len(thoughts), entries, last_lp)
+
+
+def _entries(tokens: Sequence[str], top: int | None, seed_text: str) -> list[dict[str, Any]] | None:
+    return None if top is None else token_logprobs(tokens, top, seed_text)
+
+
+def _contents(events: Events, tokens: Sequence[str], entries: list[dict[str, Any]] | None) -> list[bytes]:
+    if entries is None:
+        return [events.content(_escape(t)) for t in tokens]
+    return [events.content(_escape(t), chunk_logprobs(e)) for t, e in zip(tokens, entries, strict=False)]
 
 
 def whole_message(p: Plan) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from llamacpp import LlamaServer
 
 from llmchat.core import ChatClient, HTTPStatusError, attribute
 from llmchat.core.client import MESSAGE_TOKENS, ContextBudget
@@ -23,12 +24,8 @@ PROMPT = [{"role": "user", "content": "Count from one to forty in words, separat
 
 
 @pytest.fixture
-def llama(request: pytest.FixtureRequest) -> Any:
-    """The ``llama_server`` fixture; a skip, not an error, on a checkout where the tier is not wired yet."""
-    try:
-        return request.getfixturevalue("llama_server")
-    except pytest.FixtureLookupError:
-        pytest.skip("the llama_server fixture (tests/realpeer/conftest.py) is not here")
+def llama(llama_server: LlamaServer) -> LlamaServer:
+    return llama_server
 
 
 def _client(server: Any) -> ChatClient:
