@@ -19,7 +19,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from llmchat.core.diagnose._budget import Context
-from llmchat.core.errors import APIError, ConfigError
+from llmchat.core.errors import ConfigError
 from llmchat.core.http import resolve_proxy
 from llmchat.core.observe import Phases
 

@@ -271,7 +271,8 @@ class ChatResponder:
         plans = [p for _, p in choices]
         reasoning = sum(p.reasoning_tokens for p in plans) if self.settings.reasoning_tokens > 0 else None
         usage = _wire.usage(
-            count_prompt_tokens(req.messages, self.settings.template_overhead), sum(p.completion_tokens for p in plans), reasoning
+            count_prompt_tokens(req.messages, self.settings.template_overhead),
+            sum(p.completion_tokens for p in plans), reasoning,
         )
         if not req.stream:
             longest = max(p.completion_tokens for p in plans)  # the choices are generated side by side

@@ -10,6 +10,8 @@ once the parts are on the machine; a run that names no file or folder in here le
 - ``llama_factory``: ``make(n_ctx=..., parallel=..., extra=(...)) -> LlamaServer``, stopped at teardown.
 - ``nginx``: nginx in front of ``llama_server`` on three listeners (``.tls_url`` h2 by ALPN, ``.h2c_url``,
   ``.h1_url``, ``.ca_file``, ``.access_log_text()``): see ``nginx_peer.py``.
+- ``forward_proxy``: tinyproxy on 127.0.0.1 (``.url``, ``.log_text()``, ``.requests()``), tunnelling only to the
+  session's ``tls_server``: see ``proxy_fixture.py``.
 
 A part that cannot be had fails the test that needs it with one line naming the part and the fix; nothing
 here skips.
@@ -24,6 +26,9 @@ from typing import Any
 import pytest
 from llamacpp import Build, LlamaServer, PeerUnavailable, ensure_built, ensure_model
 from nginx_peer import Nginx
+from proxy_fixture import forward_proxy
+
+__all__ = ["forward_proxy"]  # tinyproxy, session-wide (proxy_fixture.py), for every test of the tier
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

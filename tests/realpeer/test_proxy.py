@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy_fixture import TinyProxy, forward_proxy, start_proxy
+from proxy_fixture import TinyProxy, start_proxy
 
 import llmchat.core.http._transport as T
 from llmchat.core import ChatClient, HttpSettings, RetrySettings, Settings
@@ -27,7 +27,6 @@ from llmchat.core.errors import ConnectError
 from llmchat.core.server import RunningServer
 
 pytestmark = pytest.mark.realpeer
-__all__ = ["forward_proxy"]  # the fixture, imported so that pytest finds it here
 
 MODEL = "llmchat-local"
 ASK_S = 60.0
