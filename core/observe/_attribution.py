@@ -419,11 +419,15 @@ def _bunched_generation(record: TimingRecord, report: ServerReport, first_span: 
     fits in it, the time to first token what fits there after the server's queue, load and prefill, and a
     remainder that fits in neither (clocks: a server stamp a little before the client's) is left out rather
     than shown as negative time: the server's figure is what tokens/s reads already."""
-    if not record.bunched or report.reporter not in (LLMCHAT, LLAMA_CPP) or report.generation_ns is None \
-            or report.prefill_ns is None:
+    if report.reporter not in (LLMCHAT, LLAMA_CPP) or report.generation_ns is None or report.prefill_ns is None:
         return None
     generation = max(0, report.generation_ns - thinking)
     while_streaming = min(generation, max(0, stream_span - min(max(0, stream_decode), stream_span)))
+    if not record.bunched and while_streaming == generation:
+        return None
+    # Not bunched, a generation longer than the streaming span is split the same way: llama.cpp's
+    # predicted_ms counts the first token's own generation, which the client waited for before its first
+    # token arrived (about one token's time; before this, a "negative unexplained" of about that much).
     claimed_first = min(max(0, first_decode), first_span) + (report.queue_ns or 0) + (report.load_ns or 0) \
         + report.prefill_ns
     before_first = min(generation - while_streaming, max(0, first_span - claimed_first))
