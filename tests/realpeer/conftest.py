@@ -10,6 +10,7 @@ once the parts are on the machine; a run that names no file or folder in here le
 - ``llama_factory``: ``make(n_ctx=..., parallel=..., extra=(...)) -> LlamaServer``, stopped at teardown.
 - ``nginx``: nginx in front of ``llama_server`` on three listeners (``.tls_url`` h2 by ALPN, ``.h2c_url``,
   ``.h1_url``, ``.ca_file``, ``.access_log_text()``): see ``nginx_peer.py``.
+- ``nginx_factory``: ``make(server) -> Nginx`` in front of another llama-server (``llama_factory``'s).
 - ``forward_proxy``: tinyproxy on 127.0.0.1 (``.url``, ``.log_text()``, ``.requests()``), tunnelling only to the
   session's ``tls_server``: see ``proxy_fixture.py``.
 
@@ -87,3 +88,18 @@ def nginx(llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -
     proxy: Nginx = _need(lambda: Nginx(prefix, f"127.0.0.1:{llama_server.port}"))
     yield proxy
     proxy.close()
+
+
+@pytest.fixture
+def nginx_factory(tmp_path: Path) -> Iterator[Callable[[LlamaServer], Nginx]]:
+    started: list[Nginx] = []
+
+    def make(upstream: LlamaServer) -> Nginx:
+        prefix = tmp_path / f"nginx-{len(started)}"
+        proxy: Nginx = _need(lambda: Nginx(prefix, f"127.0.0.1:{upstream.port}"))
+        started.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in started:
+        proxy.close()
