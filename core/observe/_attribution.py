@@ -423,11 +423,16 @@ def _bunched_generation(record: TimingRecord, report: ServerReport, first_span: 
         return None
     generation = max(0, report.generation_ns - thinking)
     while_streaming = min(generation, max(0, stream_span - min(max(0, stream_decode), stream_span)))
-    if not record.bunched and while_streaming == generation:
-        return None
-    # Not bunched, a generation longer than the streaming span is split the same way: llama.cpp's
-    # predicted_ms counts the first token's own generation, which the client waited for before its first
-    # token arrived (about one token's time; before this, a "negative unexplained" of about that much).
+    if not record.bunched:
+        # llama.cpp's predicted_ms counts the first token's own generation, which the client waited for before
+        # that token arrived: one token's time of it belongs before the first token (without this, about that
+        # much "negative unexplained" in one reply of three against llama-server). More than that over the
+        # streaming span is a real overlap and stays one (llmchat serve's span is first to last token).
+        if report.reporter != LLAMA_CPP or while_streaming == generation:
+            return None
+        one_token = generation // max(1, record.output_tokens or 1)
+        spill = min(generation - while_streaming, one_token)
+        return spill, generation - spill
     claimed_first = min(max(0, first_decode), first_span) + (report.queue_ns or 0) + (report.load_ns or 0) \
         + report.prefill_ns
     before_first = min(generation - while_streaming, max(0, first_span - claimed_first))

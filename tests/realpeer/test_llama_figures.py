@@ -17,6 +17,7 @@ from llamacpp import LlamaServer
 
 from llmchat.core import ChatClient, HTTPStatusError, attribute
 from llmchat.core.client import MESSAGE_TOKENS, ContextBudget
+from llmchat.core.observe._window import is_routine_overlap, shown_groups
 
 pytestmark = pytest.mark.realpeer
 
@@ -51,13 +52,19 @@ async def test_tokens_per_s_is_within_2x_of_llamas_own_predicted_per_second(llam
 
 
 async def test_attributions_unexplained_share_is_not_negative(llama: Any) -> None:
+    # Before the fix one span was counted twice: "unexplained -7 %" to "-22 %" against this server. What may
+    # remain is the routine overlap of a fraction of a millisecond (the client decoding chunk k while the
+    # server generates k+1, and clocks), which the HUD folds into the server's figure: never more.
     async with _client(llama) as client:
-        for _ in range(3):
+        for _ in range(5):
             record = (await _stream(client, PROMPT, 64)).record
             a = attribute(record)
             assert a.reporter == "llama.cpp"
             assert sum(p.ms for p in a.parts) == pytest.approx(a.total_ms, abs=0.01)
-            assert a.shares().get("unexplained", 0.0) >= 0.0, (a.to_dict(), record.bunched)
+            overlap = -min(0.0, a.ms("unexplained"))
+            assert is_routine_overlap(overlap, a.group_ms().get("server", 0.0)), (a.to_dict(), record.bunched)
+            assert shown_groups(a).get("unexplained", 0.0) >= 0.0
+            assert a.shares().get("unexplained", 0.0) > -0.02, a.to_dict()
 
 
 async def test_twelve_short_turns_with_the_fitting_are_never_refused(llama: Any) -> None:
