@@ -239,8 +239,8 @@ def _keepalive(m: dict[str, Any], table: tuple[str, ...], cost: float | None) ->
         return [Finding(
             "connection", "connection.keepalive", "fail" if stale and not handled else "warn",
             "the server closes the connection after every stream (as llama.cpp does)",
-            f"{later} of {later} streams after the first could not reuse its connection ({stale} retried on a dead one) "
-            f"over {streams['http_version']}{learnt_note}{gets_note}{paid}",
+            f"{later} of {later} streams after the first could not reuse its connection ({stale} retried on a dead "
+            f"one) over {streams['http_version']}{learnt_note}{gets_note}{paid}",
             effect_ms=cost, changes=changes, advice=advice, figures=figures)]
     if pools:
         # Too few streams to see it (a small budget), but the transport saw the host close right after a
