@@ -215,3 +215,24 @@ def test_the_first_request_counts_the_lookup_and_the_connection_it_opened(
     status, _, err = run(capsys, "ask", "hello", "--base-url", local_server.base_url, "--stats", "--http1")
     assert status == 0
     assert "(new conn)" in err.splitlines()[-1]
+
+
+def test_ask_json_says_when_the_transport_learnt_that_the_host_closes_after_each_response(
+    capsys: pytest.CaptureFixture[str], peer: Callable[..., P.Peer]
+) -> None:
+    # llama-server's habit: it answers the model lookup, then closes the connection without Connection: close.
+    # The request after the lookup is where the transport learns it, and its record says so.
+    models = P.json_response(200, {"object": "list", "data": [{"id": "peer-model", "object": "model"}]})
+    stream = [P.SSE_HEAD, P.event(P.delta("Hello", role="assistant")), P.event(P.delta(finish_reason="stop")),
+              P.DONE, P.END]
+    p = peer([models], then="close", later=stream)
+    status, out, err = run(capsys, "ask", "hello", "--base-url", p.base_url, "--json", "--http1")
+    assert status == 0, err
+    obj = json.loads(out)
+    assert obj["reply"] == "Hello" and obj["model"] == "peer-model"
+    assert obj["closes_after_response"] is True
+
+    p = peer([models], then="keep", later=stream)
+    status, out, err = run(capsys, "ask", "hello", "--base-url", p.base_url, "--json", "--http1")
+    assert status == 0, err
+    assert json.loads(out)["closes_after_response"] is False  # a host that keeps its connection: never said

@@ -278,3 +278,79 @@ def test_the_relay_parses_what_it_forwards() -> None:
     assert [(r.method, r.path) for r in relay.requests()] == [
         ("GET", "/v1/models"), ("POST", "/v1/embeddings"), ("POST", "/v1/chat/completions")]
     assert relay.requests("/embeddings")[0].json() == {"input": [1]}
+
+
+# -- no model named: a hit sends nothing, not even GET /models -----------------------------------------------
+
+
+def unnamed_client(relay: RecordingRelay, tmp_path: Path, **cache: Any) -> ChatClient:
+    """A client that names no model, as `llmchat ask` against a local server does; each one is a new process's."""
+    settings = Settings(cache=CacheSettings(path=str(tmp_path / "cache"), **cache))
+    return ChatClient(settings, base_url=relay.base_url, http2=False)
+
+
+async def test_a_hit_with_no_model_named_sends_nothing_at_all(relay: RecordingRelay, tmp_path: Path) -> None:
+    # The first client asks the server its model (GET /models) and stores the replies; the cache remembers
+    # the model it named, so a later client (the next `llmchat ask`) keys on it without asking again.
+    async with unnamed_client(relay, tmp_path, replay_streams=True) as client:
+        stored = await client.complete(MESSAGES, temperature=0, max_tokens=20)
+        vectors = await client.embed(["alpha", "beta"])
+    before = len(relay.requests())
+    assert [r.path for r in relay.requests()] == ["/v1/models", "/v1/chat/completions", "/v1/embeddings"]
+    assert stored.record.model == MODEL and stored.record.model_lookup_ms is not None
+
+    records: list[Any] = []
+    async with unnamed_client(relay, tmp_path, replay_streams=True) as client:
+        client.bus.subscribe(RequestDone, lambda e: records.append(e.record))
+        again = await client.complete(MESSAGES, temperature=0, max_tokens=20)
+        again_vectors = await client.embed(["alpha", "beta"])
+        replay = client.stream(MESSAGES, temperature=0, max_tokens=20)
+        replayed = "".join([p async for p in replay])
+    assert len(relay.requests()) == before  # zero requests: no /models, no completion, no embedding
+    assert (again.text, again_vectors, replayed) == (stored.text, vectors, stored.text)
+    assert [r.cache_hit for r in records] == [True, True, True]
+    assert [r.model for r in records] == [MODEL] * 3  # each record still names the model
+    assert all(r.model_lookup_ms is None and r.attempts == 0 for r in records if r.mode != "embed")
+
+
+async def test_the_model_the_server_names_now_wins_over_the_one_remembered(
+    relay: RecordingRelay, tmp_path: Path
+) -> None:
+    # The cache remembered a model the server no longer names: the lookup under it misses, the client asks
+    # the server, sends the request with the model it names now, and remembers that one from then on.
+    async with unnamed_client(relay, tmp_path) as client:
+        assert client.cache is not None
+        await client.cache.remember_server_model(relay.base_url, "gone-model")
+    async with unnamed_client(relay, tmp_path) as client:
+        first = await client.complete(MESSAGES, temperature=0, max_tokens=20)
+    async with unnamed_client(relay, tmp_path) as client:
+        second = await client.complete(MESSAGES, temperature=0, max_tokens=20)
+    sent = relay.requests()
+    assert [r.path for r in sent] == ["/v1/models", "/v1/chat/completions"]
+    assert sent[1].json()["model"] == MODEL
+    assert (first.record.model, first.record.cache_hit) == (MODEL, False)
+    assert (second.record.model, second.record.cache_hit, second.text) == (MODEL, True, first.text)
+
+
+async def test_the_remembered_model_holds_no_credentials(tmp_path: Path) -> None:
+    from llmchat.core import ReplyCache
+
+    secret = "pw-5f0c1e2d3b4a6978"
+    with_creds = f"http://user:{secret}@127.0.0.1:9/v1/?api_key={secret}"
+    assert ReplyCache.server_model_key(base_url=with_creds) == ReplyCache.server_model_key(
+        base_url="http://127.0.0.1:9/v1")
+    cache = ReplyCache(CacheSettings(path=str(tmp_path / "cache")))
+    try:
+        await cache.remember_server_model(with_creds, "m1")
+        fresh = ReplyCache(CacheSettings(path=str(tmp_path / "cache")))
+        try:
+            assert await fresh.server_model("http://127.0.0.1:9/v1") == "m1"
+            assert await fresh.server_model("http://127.0.0.1:10/v1") is None
+            assert (fresh.hits, fresh.misses) == (0, 0)  # not a reply lookup: the hit ratio ignores it
+        finally:
+            await fresh.aclose()
+    finally:
+        await cache.aclose()
+    for path in (tmp_path / "cache").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes()

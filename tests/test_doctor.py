@@ -49,12 +49,59 @@ def test_a_healthy_server_gets_no_false_alarm(server_factory: Factory) -> None:
     assert "Summary: healthy" in text and all(len(line) <= 80 for line in text.splitlines())
 
 
-def test_close_after_stream_is_named_and_prescribed(server_factory: Factory) -> None:
+def test_close_after_stream_is_named_once_with_what_the_transport_learnt(server_factory: Factory) -> None:
+    # The transport learns the host's habit on the first stream that finds its connection closed (one retry),
+    # and opens a fresh connection for every request after: the doctor says that, once, and prescribes
+    # nothing (max_requests_per_connection = 1 would only save the one retry per pool).
     report = _doctor(server_factory(profile="instant", close_after_stream=True))
     f = _finding(report, "connection.keepalive")  # one finding for keep-alive, one verdict
-    assert f.mark == "fail" and "3 of 3 streams" in f.evidence
-    assert f.changes == {("http",): {"max_requests_per_connection": 1}}
-    assert report.measurements["limits"]["retries_and_errors"]["retry_reasons"].get("stale connection") == 3
+    assert f.mark == "warn" and "3 of 3 streams" in f.evidence
+    assert "learnt it at stream 2" in f.evidence and f.advice.startswith("nothing to change")
+    assert f.changes == {} and report.changes() == {}
+    assert report.measurements["connection"]["closes_after_response"] == {"learnt": 1, "stale_retries": 1}
+    assert report.measurements["limits"]["retries_and_errors"]["retry_reasons"] == {"stale connection": 1}
+    # Said once: the retry it cost is not a second warning, and no other finding names the close.
+    retries = _finding(report, "limits.retries")
+    assert retries.mark == "info" and "1 retry on a connection the server had closed" in retries.title
+    assert [a for a in _alarms(report) if "closes" in a] == [_alarms(report)[0]]
+    assert report.worst() == "warn" and report.contradictions == []
+
+
+def test_the_keepalive_finding_reads_what_the_transport_learnt() -> None:
+    # Pure: the measurements in, the finding out. Too few streams to see the close (a small budget), but a
+    # record of the battery says the transport learnt it: the finding says so, from that alone.
+    report = Report(target="http://h/v1", provider="custom", model="m")
+    report.measurements["connection"].update(
+        keepalive_between_requests=True, new_ms=[30.0], reused_ms=[5.0], reused=[True],
+        after_streams={"streams": 1, "http_version": "HTTP/1.1", "reused_after_stream": [],
+                       "closed_after_stream": False, "stale_retries": 0, "learnt_at_stream": None},
+        closes_after_response={"learnt": 1, "stale_retries": 1})
+    findings = prescribe(report, Settings(), scheme="http", http2_setting=True)
+    (f,) = [f for f in findings if f.check == "connection.keepalive"]
+    assert f.mark == "warn" and "closes the connection after each response" in f.title
+    assert "1 retried on a dead one" in f.evidence and f.changes == {}
+    assert f.figures["closes_after_response"] == 1.0
+    # Without the transport's word, the same measurements are keep-alive honoured.
+    report.measurements["connection"]["closes_after_response"] = {"learnt": 0, "stale_retries": 0}
+    (f,) = [f for f in prescribe(report, Settings(), scheme="http", http2_setting=True)
+            if f.check == "connection.keepalive"]
+    assert f.mark == "pass"
+
+
+def test_retries_the_transport_did_not_explain_still_prescribe_a_fresh_connection() -> None:
+    # Every stream paid a retry on a dead connection and the transport never learnt why (a transport that
+    # does not remember): then one request per connection is the fix.
+    report = Report(target="http://h/v1", provider="custom", model="m")
+    report.measurements["connection"].update(
+        after_streams={"streams": 4, "http_version": "HTTP/1.1", "reused_after_stream": [False] * 3,
+                       "closed_after_stream": True, "stale_retries": 3, "learnt_at_stream": None},
+        closes_after_response={"learnt": 0, "stale_retries": 3})
+    report.measurements["limits"]["retries_and_errors"] = {
+        "requests": 4, "retries": 3, "retry_reasons": {"stale connection": 3}, "errors": {}, "error_examples": {}}
+    findings = {f.check: f for f in prescribe(report, Settings(), scheme="http", http2_setting=True)}
+    assert findings["connection.keepalive"].mark == "fail"
+    assert findings["connection.keepalive"].changes == {("http",): {"max_requests_per_connection": 1}}
+    assert findings["limits.retries"].mark == "warn"
 
 
 def test_a_round_trip_makes_new_connections_costly_and_http2_judged_on_the_burst(server_factory: Factory) -> None:
@@ -165,8 +212,8 @@ def test_cli_json_needs_yes_without_a_terminal(server_factory: Factory, capsys, 
     assert refusal.startswith("llmchat:") and "not a terminal" in refusal and "pass --yes" in refusal
     assert main(["doctor", "--base-url", server.base_url, "--yes", "--json", "--budget-requests", "20"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["verdict"] == "fail" and data["requests_sent"] <= 20
-    assert any(f["check"] == "connection.keepalive" and f["mark"] == "fail" for f in data["findings"])
+    assert data["verdict"] == "warn" and data["requests_sent"] <= 20
+    assert any(f["check"] == "connection.keepalive" and f["mark"] == "warn" for f in data["findings"])
 
 
 def test_write_config_shows_the_diff_and_keeps_a_backup(server_factory: Factory, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -13,10 +13,10 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
@@ -57,6 +57,8 @@ from llmchat.core.policy import (
 from llmchat.core.text import SurrogateJoiner
 
 Message = Mapping[str, Any]
+
+_Hit = TypeVar("_Hit")
 
 #: How long a finished stream may take to deliver the rest of its body before its connection is dropped.
 _DRAIN_S = 1.0
@@ -266,7 +268,32 @@ class ChatClient:
         self.model = offered[0]
         if record is not None:
             record.model = self.model
+        if self.cache is not None:
+            # So that a later request naming no model (this process or the next) can look in the cache
+            # without asking again (_cached_model).
+            await self.cache.remember_server_model(self.endpoint.base_url, self.model)
         return self.model
+
+    async def _cached_model(
+        self, model: str | None, record: TimingRecord, lookup: Callable[[str], Awaitable[_Hit | None]]
+    ) -> tuple[str, _Hit | None]:
+        """The model a cacheable request uses, and what ``lookup(model)`` found for it in the cache (None: a miss).
+
+        A cache hit sends nothing: the lookup keys on the model named, else the client's, else the one the
+        server named the last time a request had to ask it (remembered in the cache). Only on a miss with no
+        model named does it ask the server (``_model``, stamped on ``record``), and looks again when the
+        server now names another. Raises what ``_model`` raises. The client must have a cache.
+        """
+        assert self.cache is not None
+        named = model or self.model
+        guess = named or await self.cache.server_model(self.endpoint.base_url) or ""
+        if guess:
+            record.model = guess
+            hit = await lookup(guess)
+            if hit is not None or named:
+                return guess, hit
+        real = await self._model(None, record)
+        return real, None if real == guess else await lookup(real)
 
     # -- requests --------------------------------------------------------------------------------------------
     async def _open(
@@ -400,17 +427,25 @@ class ChatClient:
         key = None
         answer: str | None = None
         try:
-            m = await self._model(model, record)
-            if self.cache is not None and self.cache.policy_allows(params):
-                key = ReplyCache.chat_key(
-                    base_url=self.endpoint.base_url, model=m, messages=list(messages), params=params
-                )
-                record.cache_lookup = True
-                hit = await self.cache.get_chat(key)
+            cache = self.cache
+            if cache is not None and cache.policy_allows(params):
+
+                async def lookup(candidate: str) -> dict[str, object] | None:
+                    nonlocal key
+                    assert cache is not None
+                    key = ReplyCache.chat_key(
+                        base_url=self.endpoint.base_url, model=candidate, messages=list(messages), params=params
+                    )
+                    record.cache_lookup = True
+                    return await cache.get_chat(key)
+
+                m, hit = await self._cached_model(model, record, lookup)
                 if hit is not None:
                     cached = self._from_cache(hit, record)
                     answer = cached.text
                     return cached
+            else:
+                m = await self._model(model, record)
             t = time.perf_counter_ns()
             body = wire.chat_body(m, messages, params, stream=False)
             record.encode_ns = time.perf_counter_ns() - t
@@ -469,15 +504,29 @@ class ChatClient:
 
     async def embed(self, texts: Sequence[str], *, model: str | None = None) -> list[list[float]]:
         """Vectors for ``texts``, in order. Cached per text; the texts not cached go out as one request."""
-        m = await self._model(model)
-        record = self._record("embed", m)
+        record = self._record("embed", model or self.model)
         self.bus.publish(RequestStarted(record))
         try:
-            keys = [ReplyCache.embedding_key(base_url=self.endpoint.base_url, model=m, text=t) for t in texts]
+            cache = self.cache if self.settings.cache.policy != "off" else None
+            keys: list[str] = []
             cached: list[list[float] | None] = [None] * len(texts)
-            if self.cache is not None and self.settings.cache.policy != "off":
-                record.cache_lookup = True
-                cached = await self.cache.get_embeddings(keys)
+            if cache is not None:
+
+                async def lookup(candidate: str) -> list[list[float] | None] | None:
+                    # A hit when every text is cached; the partial list is kept either way.
+                    nonlocal keys, cached
+                    assert cache is not None
+                    keys = [ReplyCache.embedding_key(base_url=self.endpoint.base_url, model=candidate, text=t)
+                            for t in texts]
+                    record.cache_lookup = True
+                    cached = await cache.get_embeddings(keys)
+                    return cached if all(v is not None for v in cached) else None
+
+                # The keys are then the model's: the last lookup was made with the model returned.
+                m, _ = await self._cached_model(model, record, lookup)
+            else:
+                m = await self._model(model, record)
+            record.model = m
             missing = [i for i, v in enumerate(cached) if v is None]
             record.cache_hit = not missing and bool(texts)
             if missing:
@@ -496,8 +545,8 @@ class ChatClient:
                     )
                 for i, vec in zip(missing, vectors, strict=True):
                     cached[i] = vec
-                if self.cache is not None and self.settings.cache.policy != "off":
-                    await self.cache.put_embeddings([(keys[i], cached[i]) for i in missing])  # type: ignore[misc]
+                if cache is not None:
+                    await cache.put_embeddings([(keys[i], cached[i]) for i in missing])  # type: ignore[misc]
             return [v for v in cached if v is not None]
         except errors.APIError as exc:
             _fail(record, exc)
@@ -565,8 +614,6 @@ class ChatStream:
             record.t0_ns, record.t0_mono_ns = time.perf_counter_ns(), time.monotonic_ns()
             record.wall_start = time.time()
             bus.publish(RequestStarted(record, self.messages))
-            if not self.model:
-                self.model = await client._model(None, record)
             async for piece in self._replay_or_stream():
                 yield piece
         except errors.APIError as exc:
@@ -594,11 +641,17 @@ class ChatStream:
         client, record = self._client, self.record
         cache = client.cache
         if cache is not None and client.settings.cache.replay_streams and cache.policy_allows(self.params):
-            key = ReplyCache.chat_key(
-                base_url=client.endpoint.base_url, model=self.model, messages=self.messages, params=self.params
-            )
-            record.cache_lookup = True
-            hit = await cache.get_chat(key)
+
+            async def lookup(candidate: str) -> dict[str, object] | None:
+                assert cache is not None
+                key = ReplyCache.chat_key(
+                    base_url=client.endpoint.base_url, model=candidate, messages=self.messages, params=self.params
+                )
+                record.cache_lookup = True
+                return await cache.get_chat(key)
+
+            # A replay asks the server nothing, not even its model, when the cache knows which one it names.
+            self.model, hit = await client._cached_model(self.model, record, lookup)
             if hit is not None:
                 record.cache_hit = True
                 record.attempts = 0
@@ -610,6 +663,8 @@ class ChatStream:
                 usage = hit.get("usage")
                 _apply_usage(record, usage if isinstance(usage, dict) else None, fallback_tokens=0)
                 return
+        elif not self.model:
+            self.model = await client._model(None, record)
         async for piece in self._stream():
             yield piece
 

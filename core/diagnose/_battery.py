@@ -158,6 +158,8 @@ async def _steps(ctx: Context, report: Report, signals: ServerSignals) -> None:
         await _step(ctx, report, "headers", "limits", 0, lambda: _limits.probe_headers(ctx, ctx.model or ""),
                     take=False)
     m["limits"]["retries_and_errors"] = _limits.retries_and_errors(all_records)
+    # The transport's own verdict, beside what the steps measured: the keep-alive finding says it once.
+    m["connection"]["closes_after_response"] = _connection.closes_after_response(all_records)
 
 
 async def _burst(ctx: Context, h2: Any) -> dict[str, Any]:

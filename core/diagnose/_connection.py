@@ -102,15 +102,27 @@ def keepalive_after_streams(records: list[TimingRecord]) -> dict[str, Any]:
     before it used, and which needed a retry to get through (a connection cut under a request)?"""
     later = records[1:]
     reused = [r.connection_reused for r in later]
-    stale = [r for r in later if any(getattr(e, "reason", "") in _STALE for e in r.retries)]
+    stale = [r for r in later if any(getattr(e, "reason", "") in STALE_REASONS for e in r.retries)]
+    learnt = [i + 1 for i, r in enumerate(records) if r.closes_after_response]
     return {
         "streams": len(records),
         "http_version": records[0].http_version if records else "",
         "reused_after_stream": reused,
         "closed_after_stream": bool(later) and not any(reused),
         "stale_retries": len(stale),
+        "learnt_at_stream": learnt[0] if learnt else None,
+    }
+
+
+def closes_after_response(records: list[TimingRecord]) -> dict[str, Any]:
+    """What the transport itself learnt over the battery's requests: how many of them found that the host
+    closes the connection after each response (``TimingRecord.closes_after_response``, once per pool: each
+    step's client has its own), and how many retries went out because a connection was already closed."""
+    return {
+        "learnt": sum(1 for r in records if r.closes_after_response),
+        "stale_retries": sum(1 for r in records for e in r.retries if getattr(e, "reason", "") in STALE_REASONS),
     }
 
 
 #: Retry reasons that mean "the pooled connection was dead when the request went out".
-_STALE = ("stale connection", "disconnected", "goaway")
+STALE_REASONS = ("stale connection", "disconnected", "goaway")

@@ -163,7 +163,8 @@ def _new_cost(f: dict[str, float]) -> tuple[bool, float | None]:
 
 
 def _keepalive(f: dict[str, float]) -> tuple[bool, float | None]:
-    closed = f.get("reused_after_stream", f.get("reused_between_requests", 1.0)) == 0
+    closed = f.get("reused_after_stream", f.get("reused_between_requests", 1.0)) == 0 \
+        or f.get("closes_after_response", 0.0) > 0
     return closed, f.get("new_connection_cost_ms")
 
 

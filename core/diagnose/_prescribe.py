@@ -12,6 +12,7 @@ from typing import Any
 
 from llmchat.core.config import Http2Mode, HttpSettings, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
+from llmchat.core.diagnose._connection import STALE_REASONS
 from llmchat.core.diagnose._consistency import reconcile
 from llmchat.core.diagnose._findings import Changes, Finding, Report, shown
 from llmchat.core.diagnose._findings import fmt_ms as _fmt
@@ -209,15 +210,21 @@ def _connection(report: Report, http: HttpSettings, table: tuple[str, ...], sche
 
 def _keepalive(m: dict[str, Any], table: tuple[str, ...], cost: float | None) -> list[Finding]:
     """One finding, one verdict, for whether a connection outlives what is sent on it: plain requests (the
-    GETs) and streams (the streaming step's records) are two measurements of the same behaviour."""
+    GETs), streams (the streaming step's records) and what the transport learnt over the whole battery
+    (``closes_after_response``) are three views of the same behaviour, said once."""
     between = m.get("keepalive_between_requests")
     streams = m.get("after_streams", {})
+    learnt = m.get("closes_after_response", {})
+    pools = int(learnt.get("learnt") or 0)
     gets = (f"GET /models new {', '.join(_fmt(v) for v in m['new_ms'])}; reused "
             f"{', '.join(_fmt(v) for v in m['reused_ms'])}" if "new_ms" in m else "")
     reused_gets = sum(bool(r) for r in m.get("reused", []))
     figures: dict[str, float] = {}
     if cost is not None:
         figures["new_connection_cost_ms"] = cost
+    paid = f"; each pays a new connection, {_fmt(cost)} more than a reused one" if cost is not None else ""
+    if pools:
+        figures["closes_after_response"] = float(pools)
     if streams.get("closed_after_stream"):
         later = streams["streams"] - 1
         stale = streams["stale_retries"]
@@ -225,19 +232,42 @@ def _keepalive(m: dict[str, Any], table: tuple[str, ...], cost: float | None) ->
                      "; plain requests lost theirs too" if between is False else "")
         figures.update(reused_after_stream=float(sum(bool(r) for r in streams["reused_after_stream"])),
                        streams_after_first=float(later), stale_retries=float(stale))
-        changes: Changes = {table: {"max_requests_per_connection": 1}} if stale else {}
-        advice = ("open a fresh connection per request instead of trying the dead one first" if stale else
-                  "each request opens a new connection; the client saw the close in time, so none was wasted")
-        paid = f"; each pays a new connection, {_fmt(cost)} more than a reused one" if cost is not None else ""
+        at = streams.get("learnt_at_stream")
+        # The transport remembers the host for its pool's lifetime: one retry per pool at most, after which
+        # every request opens a fresh connection. Only retries beyond that are worth a setting.
+        handled = pools > 0 and stale <= pools
+        learnt_note = (f"; llmchat learnt it at stream {at} and opened a fresh connection for each one after"
+                       if at else "; llmchat learnt it and opened a fresh connection for each request after"
+                       if pools else "")
+        changes: Changes = {table: {"max_requests_per_connection": 1}} if stale and not handled else {}
+        if handled:
+            advice = ("nothing to change: llmchat remembers such a host for as long as it keeps its connections "
+                      "(one retry at most, then a fresh connection per request); a server that keeps them saves "
+                      "the new connection")
+        elif stale:
+            advice = "open a fresh connection per request instead of trying the dead one first"
+        else:
+            advice = "each request opens a new connection; the client saw the close in time, so none was wasted"
         return [Finding(
-            "connection", "connection.keepalive", "fail" if stale else "warn",
+            "connection", "connection.keepalive", "fail" if stale and not handled else "warn",
             "the server closes the connection after every stream (as llama.cpp does)",
-            f"{later} of {later} streams after the first found their connection gone ({stale} retried on a dead one) "
-            f"over {streams['http_version']}{gets_note}{paid}",
+            f"{later} of {later} streams after the first could not reuse its connection ({stale} retried on a dead "
+            f"one) over {streams['http_version']}{learnt_note}{gets_note}{paid}",
             effect_ms=cost, changes=changes, advice=advice, figures=figures)]
+    if pools:
+        # Too few streams to see it (a small budget), but the transport saw the host close right after a
+        # response: the same behaviour, from the battery's own requests.
+        stale = int(learnt.get("stale_retries") or 0)
+        retried = f" ({stale} retried on a dead one)" if stale else ""
+        return [Finding(
+            "connection", "connection.keepalive", "warn",
+            "the server closes the connection after each response (as llama.cpp does)",
+            f"llmchat saw it close right after a response{retried} and opened a fresh connection for each request "
+            f"after{paid}", effect_ms=cost, figures=figures,
+            advice="nothing to change: llmchat remembers such a host (one retry at most, then a fresh connection "
+            "per request)")]
     if between is False:
         figures.update(reused_between_requests=float(reused_gets))
-        paid = f"; each pays a new connection, {_fmt(cost)} more than a reused one" if cost is not None else ""
         return [Finding("connection", "connection.keepalive", "warn",
                         "the server closes the connection after each request", gets + paid, effect_ms=cost,
                         figures=figures)]
@@ -419,7 +449,15 @@ def _limits(report: Report, settings: Settings) -> list[Finding]:
     if "rate_limits" in m and not limits:
         out.append(Finding("limits", "limits.requests", "info", "no rate-limit headers sent"))
     seen = m.get("retries_and_errors") or {}
-    if seen.get("retries"):
+    learnt = report.measurements["connection"].get("closes_after_response", {})
+    stale = sum(n for reason, n in seen.get("retry_reasons", {}).items() if reason in STALE_REASONS)
+    if seen.get("retries") and stale == seen["retries"] and 0 < stale <= int(learnt.get("learnt") or 0):
+        # Every retry was the one a pool pays to learn that the host closes after each response: the
+        # keep-alive finding says so, and this one does not say it again as a warning.
+        out.append(Finding("limits", "limits.retries", "info",
+                           f"{stale} {'retry' if stale == 1 else 'retries'} on a connection the server had closed",
+                           "the server closes its connections: see the connection's life above"))
+    elif seen.get("retries"):
         reasons = ", ".join(f"{k} x{v}" for k, v in seen["retry_reasons"].items())
         out.append(Finding("limits", "limits.retries", "warn", f"{seen['retries']} retries were needed",
                            f"causes: {reasons}", advice="see the finding each cause belongs to above"))

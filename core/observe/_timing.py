@@ -212,6 +212,13 @@ class TimingRecord:
         return self.phases.reused and (self.discovery is None or self.discovery.reused)
 
     @property
+    def closes_after_response(self) -> bool:
+        """This request is where the transport learnt that its host closes the connection after each response
+        (``Phases.closes_after_response``, on its last attempt or its model lookup): said once per pool."""
+        return self.phases.closes_after_response or (
+            self.discovery is not None and self.discovery.closes_after_response)
+
+    @property
     def pool_wait_ms(self) -> float | None:
         w = self.phases.pool_wait_ns
         return None if w is None else w / _NS_PER_MS
@@ -396,6 +403,7 @@ class TimingRecord:
             "http_version": self.http_version,
             "proxy": self.proxy,
             "connection_reused": self.connection_reused,
+            "closes_after_response": self.closes_after_response,
             "status": self.status,
             "model_lookup_ms": round_ms(self.model_lookup_ms),
             "rate_limit_wait_ms": round_ms(self.limit_wait_ms),

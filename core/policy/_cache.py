@@ -5,6 +5,10 @@ messages, every generation parameter) and never sees an API key or a header. Val
 never pickle (see :mod:`llmchat.core.policy._cache_disk`). Every diskcache call runs on one dedicated thread, so the
 event loop never waits on SQLite. A cache that cannot be opened, is locked or is full never fails a request: it
 logs one warning (logger ``llmchat.cache``) and answers as if uncached.
+
+One more kind of entry: the model each server named the last time a request had to ask it (GET /models), keyed
+by the server's URL without credentials (:meth:`ReplyCache.server_model`), so that a request naming no model can
+look up its answer without sending anything.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from llmchat.core.config import CacheSettings
 from llmchat.core.errors import LLMChatError
@@ -91,6 +96,19 @@ def resolve_cache_dir(configured: str, env: Mapping[str, str]) -> Path:
 def _canonical_sha256(obj: object) -> str:
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _server_of(base_url: str) -> str:
+    """``base_url`` as the server's name: scheme, host, port and path, without credentials, query or fragment."""
+    try:
+        parts = urlsplit(base_url.strip())
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return base_url.rstrip("/")
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def _pack_vector(vector: list[float]) -> bytes:
@@ -199,6 +217,8 @@ class ReplyCache:
         self._disabled = False
         self._warned = False
         self._closed = False
+        # What server_model read or remember_server_model wrote, by server: one disk read per server at most.
+        self._server_models: dict[str, str] = {}
         self.hits = 0
         """Lookups answered from the cache (one per text for embeddings)."""
         self.misses = 0
@@ -250,6 +270,15 @@ class ReplyCache:
         })
 
     @staticmethod
+    def server_model_key(*, base_url: str) -> str:
+        """The key of the entry that remembers which model the server at ``base_url`` named (sha256 hex).
+
+        Only the scheme, host, port and path count: a user name, a password, a query or a fragment in the URL
+        are dropped first, so the entry is the server's whoever asked, and nothing secret goes into the hash.
+        """
+        return _canonical_sha256({"v": KEY_VERSION, "kind": "server_model", "base_url": _server_of(base_url)})
+
+    @staticmethod
     def embedding_key(*, base_url: str, model: str, text: str, dimensions: int | None = None) -> str:
         """The cache key of one text's embedding (sha256 hex); like :meth:`chat_key`, never sees a key."""
         return _canonical_sha256({
@@ -289,6 +318,34 @@ class ReplyCache:
         since that is a bug in the caller.
         """
         data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        expire = self._expire()
+        await self._submit(lambda c: c.set(key, data, expire=expire), None)
+
+    async def server_model(self, base_url: str) -> str | None:
+        """The model the server at ``base_url`` named when a request last had to ask it (GET /models), or None.
+
+        Lets a request that names no model look in the cache without asking the server first: the answer
+        keyed on the model it named last time. Not counted as a hit or a miss. Never raises.
+        """
+        known = self._server_models.get(_server_of(base_url))
+        if known is not None:
+            return known
+        key = self.server_model_key(base_url=base_url)
+        model = await self._submit(lambda c: self._read_model(c, key), None)
+        if model is not None:
+            self._server_models[_server_of(base_url)] = model
+        return model
+
+    async def remember_server_model(self, base_url: str, model: str) -> None:
+        """Stores ``model`` as the one the server at ``base_url`` named (a write only when it changed).
+
+        A cache problem makes it a no-op, as for every write."""
+        server = _server_of(base_url)
+        if not model or self._server_models.get(server) == model:
+            return
+        self._server_models[server] = model
+        key = self.server_model_key(base_url=base_url)
+        data = json.dumps({"model": model}, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         expire = self._expire()
         await self._submit(lambda c: c.set(key, data, expire=expire), None)
 
@@ -451,6 +508,11 @@ class ReplyCache:
         except (RefusedRowError, ValueError) as exc:
             self._drop_refused(cache, key)
             raise RefusedRowError(str(exc)) from None
+
+    def _read_model(self, cache: BoundedCache, key: str) -> str | None:
+        value = self._read_chat(cache, key)
+        model = None if value is None else value.get("model")
+        return model if isinstance(model, str) and model else None
 
     def _read_vectors(self, cache: BoundedCache, keys: list[str]) -> list[list[float] | None]:
         out: list[list[float] | None] = []
