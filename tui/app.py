@@ -1014,6 +1014,7 @@ class ChatApp(BranchActions, App[None]):
             if stream:
                 chat = client.stream(messages, **params)
                 chat.on_reasoning = extras.reasoning
+                chat.on_reclaim = extras.reclaim
                 record = chat.record
                 unwatch = watch.follow(client.bus, record=record)
                 watch.reasoning_from(lambda: chat.reasoning)

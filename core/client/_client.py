@@ -520,6 +520,11 @@ class ChatStream:
         self.on_reasoning: Callable[[str, int], object] | None = None
         """Called with each reasoning delta and its arrival (``perf_counter_ns``) as it comes, before the
         answer's deltas of the same chunk are yielded; set it before iterating (the app streams thinking)."""
+        self.on_reclaim: Callable[[str], object] | None = None
+        """Called once, with the text, when what was yielded as answer turns out to be thinking: a reply
+        whose template opened ``<think>`` in the prompt streams ``thinking</think>answer``, and nothing tells
+        it from an answer until the tag comes. ``text`` and ``reasoning`` are already corrected; a caller
+        that showed the text moves it to the thinking. Set it before iterating."""
         self.on_usage: Callable[[dict[str, Any]], object] | None = None
         """Called with each usage object the stream carries, as it comes (``record.content_chunks`` then
         counts the content chunks so far): a server that sends usage on every chunk (vLLM's continuous usage
@@ -631,6 +636,26 @@ class ChatStream:
         if self.on_reasoning is not None:
             self.on_reasoning(text, now)
 
+    def _reclaim(self) -> None:
+        """The answer so far was thinking (a bare ``</think>`` came: the template opened the tag in the
+        prompt). It becomes reasoning, timed as such: the first reasoning token is when it began, and TTFT
+        waits for the answer after the tag. ``on_reclaim`` tells a caller that showed it as answer."""
+        record = self.record
+        moved = "".join(self._parts)
+        self._parts.clear()
+        if record.first_token_ns is not None:
+            if record.first_reasoning_ns is None or record.first_token_ns < record.first_reasoning_ns:
+                record.first_reasoning_ns = record.first_token_ns
+            record.last_reasoning_ns = max(record.last_reasoning_ns or 0, record.last_token_ns or 0)
+        record.reasoning_chunks += record.content_chunks
+        record.content_chunks = 0
+        record.chunk_ns.clear()
+        record.first_token_ns = record.last_token_ns = None
+        if moved:
+            self._reasoning.append(moved)
+        if self.on_reclaim is not None:
+            self.on_reclaim(moved)
+
     def _on_tool_calls(self, deltas: list[Any]) -> None:
         self._tools.feed(deltas)
         self.record.tool_calls = len(self._tools.calls)
@@ -704,6 +729,10 @@ class ChatStream:
                         record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
                     if splitter is not None and content:
                         content, inline = splitter.feed(content)
+                        if splitter.reclaimed:
+                            # The reply started inside reasoning: what went out as answer was thinking.
+                            self._reclaim()
+                            splitter.reclaimed = False
                         reasoning += inline
                         if splitter.answering:
                             splitter = None

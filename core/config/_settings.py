@@ -249,6 +249,12 @@ class ServerSettings:
     reasoning_inline: bool = False
     """Send the thinking inside the content as a <think>...</think> block instead (llama.cpp without a
     reasoning format); the tags arrive cut across chunks."""
+    reasoning_open_in_prompt: bool = False
+    """Send the thinking inline without its opening <think>, as an R1-style template that opens the tag in the
+    prompt streams it: thinking, then </think>, then the answer (implies reasoning_inline)."""
+    refuse: bool = False
+    """Answer every chat with a refusal, as OpenAI sends one: delta.refusal pieces with content null
+    (message.refusal in a whole reply), finish_reason "stop"."""
     tool_call: bool = False
     """Answer with a call to the request's first tool (get_weather when it offers none) instead of text: its
     arguments streamed in pieces, finish_reason "tool_calls"."""

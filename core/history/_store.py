@@ -353,6 +353,16 @@ class ReplyWriter:
         if self._timer is None:
             self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
 
+    def reclaim(self) -> None:
+        """The text so far was thinking (``ChatStream.on_reclaim``): it moves to the reasoning, saved so at the
+        next flush; the reply's text starts again empty. Never blocks or raises."""
+        if self._finished or not self._parts:
+            return
+        self._reasoning[:0] = self._parts
+        self._parts = []
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
+
     @property
     def reasoning(self) -> str:
         """The thinking so far."""

@@ -154,7 +154,7 @@ def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> R
     st = obj.get("server_timing")
     content, bad_content = clean(str(msg.get("content") or ""))
     reasoning, bad_reasoning = clean(str(msg.get("reasoning_content") or msg.get("reasoning") or ""))
-    if not reasoning and "<think>" in content[:64]:
+    if not reasoning and ("<think>" in content[:64] or "</think>" in content):
         content, reasoning = split_inline(content)
     calls = tool_calls_from(msg) if isinstance(msg, dict) else []
     return Reply(

@@ -125,7 +125,8 @@ class ChatResponder:
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + prefill + self.dice.jitter()
         usage = _wire.usage(prompt_tokens, len(reply.tokens))
         try:
-            if self.settings.reasoning_tokens > 0 or self.settings.tool_call:
+            s = self.settings
+            if s.reasoning_tokens > 0 or s.tool_call or s.refuse:
                 await self._thinking(ex, req, reply, first_due)
             elif req.stream:
                 await self._stream(ex, req, reply, usage, first_due)
@@ -226,7 +227,8 @@ class ChatResponder:
             reply, reasoning_tokens=self.settings.reasoning_tokens, inline=self.settings.reasoning_inline,
             tool_call=self.settings.tool_call, tools=req.tools, seed_text=req.messages_key,
             last_user_text=req.last_user_text, events=Events(template.head, req.include_usage),
-            content=template.content,
+            content=template.content, open_in_prompt=self.settings.reasoning_open_in_prompt,
+            refuse=self.settings.refuse,
         )
 
     async def _thinking(self, ex: Exchange, req: ChatRequest, reply: Reply, first_due: float) -> None:

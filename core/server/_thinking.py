@@ -5,6 +5,12 @@ With ``reasoning_tokens`` N the reply starts with N tokens of deterministic thin
 a ``<think>...</think>`` block (llama.cpp without a reasoning format, R1 distills on a plain server). The
 tokeniser cuts the tags into pieces (``<``, ``think``, ``>``), so a client meets tags split across chunks.
 
+With ``reasoning_open_in_prompt`` the block has no opening tag (an R1-style template opens ``<think>`` in
+the prompt): the stream starts with the thinking and carries only ``</think>``.
+
+With ``refuse`` the reply is a refusal as OpenAI sends one: ``delta.refusal`` pieces with ``content`` null
+(``message.refusal`` whole), finish_reason ``stop``.
+
 With ``tool_call`` the answer is a call to the request's first tool (``get_weather`` when it names none), its
 arguments, a JSON object, streamed in pieces under the same ``index`` as OpenAI does; ``finish_reason`` is
 ``tool_calls``. Each event is built once per request as bytes; ``_chat`` paces them like tokens.
@@ -58,6 +64,11 @@ class Plan:
     reasoning: str
     content: str
     tool_call: dict[str, Any] | None
+    refusal: str = ""
+
+
+#: What ``refuse`` answers, as OpenAI's models word a refusal.
+REFUSAL = "I'm sorry, but I can't help with that request."
 
 
 class Events:
@@ -74,21 +85,28 @@ class Events:
     def reasoning(self, escaped: bytes) -> bytes:
         return self._chunk(b'{"reasoning_content":"' + escaped + b'"}')
 
+    def refusal(self, escaped: bytes) -> bytes:
+        return self._chunk(b'{"content":null,"refusal":"' + escaped + b'"}')
+
     def tool_call(self, call: dict[str, Any]) -> bytes:
         return self._chunk(dumps({"tool_calls": [call]}))
 
 
 def plan(
     reply: Reply, *, reasoning_tokens: int, inline: bool, tool_call: bool, tools: Sequence[str],
-    seed_text: str, last_user_text: str, events: Events, content: Any,
+    seed_text: str, last_user_text: str, events: Events, content: Any, open_in_prompt: bool = False,
+    refuse: bool = False,
 ) -> Plan:
-    """The events of a reply with a thinking phase and/or a tool call. ``content`` is the request's
-    ``ChunkTemplate.content`` (escaped bytes to a content event)."""
+    """The events of a reply with a thinking phase, a tool call or a refusal. ``content`` is the request's
+    ``ChunkTemplate.content`` (escaped bytes to a content event). ``open_in_prompt`` sends the thinking inline
+    without its opening tag."""
     thoughts = thinking_tokens(reasoning_tokens, seed_text)
+    inline = inline or open_in_prompt
     out: list[bytes] = []
     answer: list[str] = []
     if thoughts and inline:
-        answer = [*tokenize("<think>\n"), *thoughts, *tokenize("\n</think>\n\n")]
+        opening = [] if open_in_prompt else tokenize("<think>\n")
+        answer = [*opening, *thoughts, *tokenize("\n</think>\n\n")]
     elif thoughts:
         out = [events.reasoning(_escape(t)) for t in thoughts]
     call = None
@@ -105,6 +123,12 @@ def plan(
         text = "".join(answer)
         return Plan(out, b"", "tool_calls", len(thoughts) + 1 + len(pieces), "" if inline else "".join(thoughts),
                     text, call)
+    if refuse:
+        out += [content(_escape(t)) for t in answer]  # thinking before the refusal, as o1 may
+        pieces = tokenize(REFUSAL)
+        out += [events.refusal(_escape(t)) for t in pieces]
+        return Plan(out, b"", "stop", len(thoughts) + len(pieces), "" if inline else "".join(thoughts),
+                    "".join(answer), None, REFUSAL)
     answer += reply.tokens
     out += [content(_escape(t)) for t in answer[:-1]]
     last = _escape(answer[-1]) if answer else b""
@@ -114,8 +138,9 @@ def plan(
 
 def whole_message(p: Plan) -> dict[str, Any]:
     """The ``message`` of a whole (non-streamed) reply with the same thinking and call."""
-    msg: dict[str, Any] = {"role": "assistant", "content": p.content or (None if p.tool_call else ""),
-                           "refusal": None, "annotations": []}
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": p.content or (None if p.tool_call or p.refusal else ""),
+                           "refusal": p.refusal or None, "annotations": []}
     if p.reasoning:
         msg["reasoning_content"] = p.reasoning
     if p.tool_call is not None:

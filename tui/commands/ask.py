@@ -119,6 +119,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
                 out.write(text + "\n")
             else:
                 stream = client.stream(messages, **params)
+                stream.on_reclaim = lambda moved: _reclaimed(out, moved)
                 record = stream.record
                 try:
                     async for piece in stream:
@@ -167,6 +168,15 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
         print(f"llmchat: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _reclaimed(out: _Out, moved: str) -> None:
+    # What was printed as the answer was the model's thinking: its template opened <think> in the prompt,
+    # and only the bare </think> told. Printed is printed; say which part it was, and where the answer starts.
+    if out.enabled and moved:
+        out.write("\n")
+        print("llmchat: the text above was the model's thinking (it ended with </think>); the answer follows",
+              file=sys.stderr, flush=True)
 
 
 ANNOUNCE_WAIT_S = 1.0

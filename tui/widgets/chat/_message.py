@@ -278,6 +278,18 @@ class ChatMessage(FrozenLines):
         if self._handle is None and self.is_mounted and self.is_attached:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
 
+    def restart(self) -> None:
+        """Drop the text so far, painted or not: it was not the answer (a reply that started inside its
+        thinking, ``ChatStream.on_reclaim``). Ignored once the reply is finished."""
+        if self._status is not None:
+            return
+        self._doc = MarkdownDocument("")
+        self._pending.clear()
+        self._first_arrival_ns = None
+        self.invalidate_lines()
+        if self.is_mounted:
+            self.refresh(layout=True)
+
     def follow(self, state: LiveState, *, interval_s: float = LIVE_INTERVAL_S) -> None:
         """Show ``state`` under the text while the reply streams: read every ``interval_s`` seconds (at least
         0.1: ValueError below), repainted only when it changed, gone with ``finish``. A label it returns
