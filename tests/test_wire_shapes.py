@@ -12,6 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import peers as P
+import pytest
+
+from llmchat.core import ChatClient
+from llmchat.core.client._fit import tokenize_url
+from llmchat.core.errors import UsageError
+from llmchat.core.http import Endpoint
+from llmchat.core.http._transport import Transport
+from llmchat.core.http._urls import join_url
+from llmchat.core.observe import Phases
 from llmchat.core.server import RunningServer
 
 LLMCHAT = str(Path(sys.executable).parent / "llmchat")
@@ -50,3 +60,70 @@ def test_ask_streams_the_thinking_then_says_where_the_answer_starts(server_facto
     assert run.returncode == 0, run.stderr
     assert "think>" not in run.stdout and "## " in run.stdout
     assert run.stderr.splitlines()[-1].startswith("llmchat: the text above was the model's thinking")
+
+
+# -- base_url as providers write it --------------------------------------------------------------------------
+QUERY = "api-version=2024-06-01"
+
+
+def test_a_query_in_base_url_stays_after_the_path_on_every_request(peer: Callable[..., P.Peer]) -> None:
+    models = P.json_response(200, {"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]})
+    p = peer([models], then="keep", later=[P.json_response(200, P.completion("Fine."))])
+    run = llmchat("ask", "hello", "--base-url", f"{p.base_url}?{QUERY}", "--batch", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["reply"] == "Fine."
+    paths = [line.split(" ")[1] for line in p.request_lines]
+    assert paths[:2] == [f"/v1/models?{QUERY}", f"/v1/chat/completions?{QUERY}"], p.request_lines
+
+
+@pytest.mark.parametrize(("base", "path", "url"), [
+    ("https://h/openai/deployments/d?api-version=1", "chat/completions",
+     "https://h/openai/deployments/d/chat/completions?api-version=1"),
+    ("https://h/v1/?api-version=1", "/models", "https://h/v1/models?api-version=1"),
+    ("https://h/v1?api-version=1", "files/f-1/content?limit=2", "https://h/v1/files/f-1/content?api-version=1&limit=2"),
+    ("http://127.0.0.1:8000/v1", "embeddings", "http://127.0.0.1:8000/v1/embeddings"),
+    ("http://h/v1?a=1#frag", "batches", "http://h/v1/batches?a=1"),
+    ("http://h/v1?a=1", "http://h/metrics", "http://h/metrics"),  # a probe's own URL is left alone
+])
+def test_join_url_puts_the_path_before_the_query(base: str, path: str, url: str) -> None:
+    assert join_url(base, path) == url
+
+
+def test_tokenize_keeps_the_query_of_base_url() -> None:
+    assert tokenize_url(f"https://h/v1?{QUERY}") == f"https://h/tokenize?{QUERY}"
+
+
+async def test_embeddings_and_batches_keep_the_query(peer: Callable[..., P.Peer]) -> None:
+    vectors = P.json_response(200, {"object": "list", "data": [{"index": 0, "embedding": [0.5, 0.25]}]})
+    p = peer([vectors], then="keep")
+    async with ChatClient(base_url=f"{p.base_url}?{QUERY}", model="e", use_cache=False) as client:
+        assert await client.embed(["x"]) == [[0.5, 0.25]]
+        async with client.transport.request("GET", "batches/b-1", phases=Phases()) as resp:
+            await resp.aread()
+    assert [line.split(" ")[1] for line in p.request_lines] == [f"/v1/embeddings?{QUERY}", f"/v1/batches/b-1?{QUERY}"]
+
+
+def test_userinfo_in_base_url_is_refused_before_anything_is_sent(peer: Callable[..., P.Peer]) -> None:
+    p = peer([P.json_response(200, P.completion("never"))])
+    url = p.base_url.replace("http://", "http://alice:hunter2@")
+    run = llmchat("ask", "hello", "--base-url", url, "--model", MODEL)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = run.stderr.splitlines()
+    assert "user:password@" in line and "api_key or api_key_env" in line and "alice:***@" in line, line
+    assert "hunter2" not in run.stderr and p.request_lines == []
+
+
+def test_config_check_reports_userinfo_in_a_providers_base_url(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[providers.azure]\nbase_url = "https://bob:s3cret-pw@example.invalid/openai?api-version=1"\n')
+    run = llmchat("config", "check", "--config", str(config))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = run.stderr.splitlines()
+    assert "providers.azure.base_url" in line and "without user:password@" in line and "api_key_env" in line, line
+    assert "s3cret-pw" not in run.stderr and "bob:***@" in line
+
+
+def test_a_transport_refuses_an_endpoint_with_userinfo() -> None:
+    with pytest.raises(UsageError, match=r"user:password@.*api_key or api_key_env") as caught:
+        Transport(Endpoint(name="x", base_url="http://u:secret-pass@127.0.0.1:1/v1"))
+    assert "secret-pass" not in str(caught.value)

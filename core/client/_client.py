@@ -30,7 +30,9 @@ from llmchat.core.http import (
     ToolCall,
     read_headroom,
 )
+from llmchat.core.config._secrets import mask_url
 from llmchat.core.http._reasoning import ThinkSplitter
+from llmchat.core.http._urls import has_userinfo, join_url, userinfo_error
 from llmchat.core.http._toolcalls import ToolCallAssembler
 from llmchat.core.observe import (
     Bus,
@@ -104,6 +106,8 @@ def endpoint_from_settings(
             )
         source = f"env {api_key_env} (--api-key-env)"
     if base_url:
+        if has_userinfo(base_url):
+            raise userinfo_error(base_url, "--base-url")
         http = settings.http
         if http2 is not None:
             http = _replace_http(http, http2=http2)
@@ -345,7 +349,8 @@ class ChatClient:
         a 404 on the listing itself (``listing``) says the path is wrong, and never asks again."""
         if listing and resp.status == 404 and not wire.looks_html(data, resp.headers.get("content-type", "")):
             return errors.NotFoundError(
-                f"{self.endpoint.hostport} has no {self.endpoint.base_url}/models (HTTP 404); base_url is "
+                f"{self.endpoint.hostport} has no {mask_url(join_url(self.endpoint.base_url, 'models'))} (HTTP 404); "
+                "base_url is "
                 "probably missing its /v1 (e.g. http://127.0.0.1:8000/v1): fix base_url",
                 status=404,
                 headers=resp.headers,

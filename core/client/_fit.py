@@ -92,12 +92,12 @@ def estimate_tokens(text: str) -> int:
 
 
 def tokenize_url(base_url: str) -> str:
-    """``/tokenize`` at the server root: the API root with its trailing ``/v1`` taken off."""
+    """``/tokenize`` at the server root: the API root with its trailing ``/v1`` taken off, its query kept."""
     parts = urlsplit(base_url)
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[:-3]
-    return urlunsplit((parts.scheme, parts.netloc, path + "/tokenize", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, path + "/tokenize", parts.query, ""))
 
 
 def parse_windows(body: bytes) -> dict[str, int]:

@@ -59,7 +59,8 @@ class ProviderSettings:
     name: str = ""
     """The provider's name: the NAME in [providers.NAME] (set by the loader, not written in the file)."""
     base_url: str = "https://api.openai.com/v1"
-    """The API root, up to and including /v1."""
+    """The API root, up to and including /v1. A query in it (Azure's ?api-version=...) goes on every request,
+    after the path; a user:password@ in it is refused: the key goes in api_key or api_key_env."""
     api_key: str | None = field(default=None, repr=False)
     """The API key itself. Prefer api_key_env, so the key stays out of the file."""
     api_key_env: str | None = None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from llmchat.core.config._secrets import is_secret_path
+from llmchat.core.config._secrets import is_secret_path, mask_url
 from llmchat.core.config._settings import HttpSettings, Settings
 from llmchat.core.config._toml import dotted_key, toml_value
 from llmchat.core.errors import ConfigError
@@ -218,6 +218,8 @@ def _shown(parts: Sequence[str], value: object) -> str:
     if is_secret_path(parts):
         # A wrong-typed secret is still a secret: say what kind of thing it was, never what it was.
         return _kind(value)
+    if parts and parts[-1].endswith("url") and isinstance(value, str):
+        value = mask_url(value)  # a password in a URL is a secret too
     text = toml_value(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
@@ -466,6 +468,10 @@ def _leaf(hint: object, value: object, parts: tuple[str, ...], rule_key: str, so
         raise (ConfigError(f"{error} (did you mean {toml_value(close)}?)") if close else error) from None
     if rule is not None and not rule.ok(converted):
         raise source.invalid(parts, rule.expectation, value)
+    if parts[-1] == "base_url" and isinstance(converted, str) and "@" in urlsplit(converted).netloc:
+        # Sent as Basic auth in place of the key, the provider's 401 would blame a key that is right.
+        raise source.invalid(parts, "a URL without user:password@ (llmchat sends the key as a Bearer token: put "
+                             "it in api_key or api_key_env)", value)
     return converted
 
 
