@@ -20,9 +20,11 @@ from llmchat.core.client._fit import tokenize_url
 from llmchat.core.errors import UsageError
 from llmchat.core.http import Endpoint
 from llmchat.core.http._transport import Transport
+from llmchat.core.http._openai import parse_chunk, parse_reply
 from llmchat.core.http._urls import join_url
 from llmchat.core.observe import Phases
 from llmchat.core.server import RunningServer
+from llmchat.core.server._thinking import REFUSAL
 
 LLMCHAT = str(Path(sys.executable).parent / "llmchat")
 MODEL = "llmchat-local"
@@ -127,3 +129,34 @@ def test_a_transport_refuses_an_endpoint_with_userinfo() -> None:
     with pytest.raises(UsageError, match=r"user:password@.*api_key or api_key_env") as caught:
         Transport(Endpoint(name="x", base_url="http://u:secret-pass@127.0.0.1:1/v1"))
     assert "secret-pass" not in str(caught.value)
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+def test_ask_json_keeps_a_refusal_apart_streamed_and_whole(server_factory: Factory) -> None:
+    server = server_factory(ttft_ms=0, tokens_per_s=0, refuse=True)
+    for extra in ((), ("--batch",)):
+        run = llmchat("ask", "hello", "--base-url", server.base_url, "--model", MODEL, "--json", *extra)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        obj = json.loads(run.stdout)
+        assert obj["refusal"] == REFUSAL and obj["reply"] == "" and obj["finish_reason"] == "refusal", (extra, obj)
+        assert obj["error"] is None
+        assert run.stderr.splitlines()[-1].startswith("llmchat: the model refused to answer")
+
+
+def test_ask_prints_a_refusal_marked_as_one(server_factory: Factory) -> None:
+    server = server_factory(ttft_ms=0, tokens_per_s=0, refuse=True)
+    run = llmchat("ask", "hello", "--base-url", server.base_url, "--model", MODEL)
+    assert run.returncode == 1 and run.stdout == f"[refused: {REFUSAL}]\n", run.stdout
+    [line] = run.stderr.splitlines()
+    assert line == "llmchat: the model refused to answer (finish_reason refusal); rephrase the prompt or ask " \
+        "another model"
+
+
+def test_a_refusal_delta_and_message_are_read_apart_from_the_content() -> None:
+    d = parse_chunk('{"choices":[{"index":0,"delta":{"content":null,"refusal":"I\'m sorry"}}]}')
+    assert (d.content, d.refusal) == ("", "I'm sorry")
+    assert parse_chunk('{"choices":[{"index":0,"delta":{"content":"Hi","refusal":null}}]}').refusal == ""
+    body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": None, "refusal": "No."}}]})
+    reply = parse_reply(body.encode(), status=200, content_type="application/json", where="h")
+    assert (reply.content, reply.refusal, reply.finish_reason) == ("", "No.", "stop")

@@ -59,6 +59,9 @@ from llmchat.core.text import SurrogateJoiner
 
 Message = Mapping[str, Any]
 
+#: The ``finish_reason`` of a reply the model refused (OpenAI says "stop" and puts the words in ``refusal``).
+REFUSAL = "refusal"
+
 #: How long a finished stream may take to deliver the rest of its body before its connection is dropped.
 _DRAIN_S = 1.0
 
@@ -74,6 +77,8 @@ class ChatReply:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    refusal: str = ""
+    """The model's refusal, in its words ("" when it did not refuse); ``finish_reason`` is then "refusal"."""
 
 
 def endpoint_from_settings(
@@ -432,17 +437,21 @@ class ChatClient:
             record.replaced_chars = reply.replaced
             record.server_timing = reply.server_timing
             record.finish_reason = reply.finish_reason
+            if reply.refusal:
+                record.finish_reason = REFUSAL
             calls = reply.tool_calls or []
             record.tool_calls = len(calls)
             _apply_usage(record, reply.usage, fallback_tokens=0)
-            if key is not None and self.cache is not None:
+            # A refusal is not kept: asked again, the model may answer.
+            if key is not None and self.cache is not None and not reply.refusal:
                 await self.cache.put_chat(key, {
                     "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
                     "usage": reply.usage, "model": reply.model or m,
                     "tool_calls": [c.to_dict() for c in calls],
                 })
             answer = reply.content
-            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage, calls)
+            return ChatReply(reply.content, record, reply.reasoning, record.finish_reason, reply.usage, calls,
+                             reply.refusal)
         except errors.APIError as exc:
             _fail(record, exc)
             raise
@@ -521,6 +530,7 @@ class ChatStream:
         self.record = client._record("stream", self.model)
         self._parts: list[str] = []
         self._reasoning: list[str] = []
+        self._refusal: list[str] = []
         self._tools = ToolCallAssembler()
         self.on_reasoning: Callable[[str, int], object] | None = None
         """Called with each reasoning delta and its arrival (``perf_counter_ns``) as it comes, before the
@@ -545,6 +555,12 @@ class ChatStream:
     @property
     def reasoning(self) -> str:
         return "".join(self._reasoning)
+
+    @property
+    def refusal(self) -> str:
+        """The model's refusal so far, in its words, kept apart from ``text`` ("" when it did not refuse);
+        ``finish_reason`` is "refusal" once the stream ends."""
+        return "".join(self._refusal)
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -688,7 +704,9 @@ class ChatStream:
                 if reply.content:
                     self._on_content(reply.content, now)
                     yield reply.content
-                self.finish_reason = record.finish_reason = reply.finish_reason
+                if reply.refusal:
+                    self._refusal.append(reply.refusal)
+                self.finish_reason = record.finish_reason = REFUSAL if reply.refusal else reply.finish_reason
                 record.server_timing = reply.server_timing
                 _apply_usage(record, reply.usage, fallback_tokens=record.content_chunks)
                 return
@@ -748,6 +766,8 @@ class ChatStream:
                         yield content
                     if delta.tool_calls is not None:
                         self._on_tool_calls(delta.tool_calls)
+                    if delta.refusal:
+                        self._refusal.append(delta.refusal)
                     if delta.finish_reason:
                         self.finish_reason = record.finish_reason = delta.finish_reason
                     if delta.usage is not None:
@@ -774,6 +794,8 @@ class ChatStream:
                 yield tail
             record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
             record.end_ns = time.perf_counter_ns()
+            if self._refusal and self.finish_reason is not None:
+                self.finish_reason = record.finish_reason = REFUSAL
             if not done and self.finish_reason is None:
                 raise errors.StreamCutError(
                     f"the stream from {client.endpoint.hostport} ended without [DONE] or a finish_reason "
