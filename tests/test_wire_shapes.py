@@ -5,6 +5,7 @@ arrives), refusals, and base_urls with a query string or userinfo."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -160,3 +161,34 @@ def test_a_refusal_delta_and_message_are_read_apart_from_the_content() -> None:
                                     "message": {"role": "assistant", "content": None, "refusal": "No."}}]})
     reply = parse_reply(body.encode(), status=200, content_type="application/json", where="h")
     assert (reply.content, reply.refusal, reply.finish_reason) == ("", "No.", "stop")
+
+
+def _jobs(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"j{i}", "prompt": f"job {i}", "max_tokens": 4}) + "\n"
+                            for i in range(n)), encoding="utf-8")
+    return path
+
+
+def _results(path: Path) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())}
+
+
+@pytest.mark.parametrize("via", ["direct", "batch-api"])
+def test_batch_lines_the_model_refused_are_counted_and_sent_again_by_retry_failed(
+    via: str, tmp_path: Path, server_factory: Factory
+) -> None:
+    refusing, good = server_factory(refuse=True, profile="instant"), server_factory(profile="instant")
+    jobs, out = _jobs(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
+    run = llmchat("batch", str(jobs), "-o", str(out), "--base-url", refusing.base_url, "--model", MODEL,
+                  "--via", via)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert re.search(r"^refused \(of failed\)\s+3$", run.stderr, re.M), run.stderr
+    lines = _results(out)
+    assert sorted(lines) == ["j0", "j1", "j2"]
+    for line in lines.values():
+        assert line["refusal"] == REFUSAL and line["finish_reason"] == "refusal" and line["reply"] == ""
+        assert line["error"].startswith("the model refused: ") and "--retry-failed" in line["error"]
+    retried = llmchat("batch", str(jobs), "-o", str(out), "--base-url", good.base_url, "--model", MODEL,
+                      "--via", via, "--retry-failed", "--quiet")
+    assert retried.returncode == 0, retried.stderr
+    assert all(r["error"] is None and r["reply"] and not r.get("refusal") for r in _results(out).values())
