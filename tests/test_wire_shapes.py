@@ -5,8 +5,8 @@ arrives), refusals, and base_urls with a query string or userinfo."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,8 +20,8 @@ from llmchat.core import ChatClient
 from llmchat.core.client._fit import tokenize_url
 from llmchat.core.errors import UsageError
 from llmchat.core.http import Endpoint
-from llmchat.core.http._transport import Transport
 from llmchat.core.http._openai import parse_chunk, parse_reply
+from llmchat.core.http._transport import Transport
 from llmchat.core.http._urls import join_url
 from llmchat.core.observe import Phases
 from llmchat.core.server import RunningServer

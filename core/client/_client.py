@@ -21,6 +21,7 @@ from typing import Any
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
+from llmchat.core.config._secrets import mask_url
 from llmchat.core.http import (
     Endpoint,
     HTTPResponse,
@@ -30,10 +31,9 @@ from llmchat.core.http import (
     ToolCall,
     read_headroom,
 )
-from llmchat.core.config._secrets import mask_url
 from llmchat.core.http._reasoning import ThinkSplitter
-from llmchat.core.http._urls import has_userinfo, join_url, userinfo_error
 from llmchat.core.http._toolcalls import ToolCallAssembler
+from llmchat.core.http._urls import has_userinfo, join_url, userinfo_error
 from llmchat.core.observe import (
     Bus,
     Chunk,

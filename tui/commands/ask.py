@@ -1,7 +1,8 @@
 """`llmchat ask PROMPT`: one answer for scripts, streamed to stdout as it arrives.
 
 Exit status: 0 on success, 1 on an API or network failure (one line on stderr; what arrived stays on stdout)
-or a refusal (its words on stdout, marked, and one line on stderr), 2 on a usage or config error. With no provider configured, the local server answers, and stderr says so.
+or a refusal (its words on stdout, marked, and one line on stderr), 2 on a usage or config error. With no
+provider configured, the local server answers, and stderr says so.
 """
 
 from __future__ import annotations
