@@ -27,9 +27,9 @@ from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
 from llmchat.tui.widgets.chat._frozen import FrozenLines, bar
 from llmchat.tui.widgets.chat._lines import Line
 
-Status = Literal["done", "cancelled", "interrupted", "error", "cached"]
+Status = Literal["done", "cancelled", "interrupted", "error", "cached", "refused"]
 """How a reply ended: complete, stopped by the user, cut off by quitting or a crash (a reply from history),
-failed, or served from the cache."""
+failed, served from the cache, or refused by the model (the note then quotes the refusal)."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
@@ -597,6 +597,10 @@ class ChatMessage(FrozenLines):
             return Text.assemble(
                 ("error", "status.error"), (f": {note}" if note else "", "status.error"), end=""
             )
+        if status == "refused":
+            # Never an empty success: the model said no, and the note says what it said.
+            return Text.assemble(("refused", "status.warning"), (f": {note}" if note else "", "status.muted"),
+                                 end="")
         label = {"cancelled": ("cancelled", "status.warning"),
                  "interrupted": ("interrupted: the reply was cut off", "status.warning")}.get(
                      status, ("from cache", "status.cached"))
