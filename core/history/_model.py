@@ -411,9 +411,9 @@ def export_markdown(conv: Conversation, *, thinking: bool = False) -> str:
     first, as a quoted block under *Thinking*.
 
     A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)") and in
-    an italic line after what arrived of it; a refused one says "(refused)" and quotes the refusal in that line; each reply ends with its model and timing line in italics. The
-    messages' own headings are nested under their role heading (:func:`nest_headings`). Never fails for a
-    well-formed ``Conversation``.
+    an italic line after what arrived of it; a refused one says "(refused)" and quotes the refusal in that
+    line. Each reply ends with its model and timing line in italics. The messages' own headings are nested
+    under their role heading (:func:`nest_headings`). Never fails for a well-formed ``Conversation``.
     """
     title = conv.title or f"Conversation {conv.id}"
     lines = [f"# {title}", "", f"*Conversation {conv.id} · started {_when(conv.info.created_at)} · "
