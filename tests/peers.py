@@ -68,6 +68,9 @@ class Peer:
         """The script for every request after the first (a 429, then the answer); None: ``steps`` again."""
         self.then = then
         self.requests = 0
+        self.request_lines: list[str] = []
+        """Every request's first line as it arrived (``POST /v1/chat/completions?x=1 HTTP/1.1``), unscripted
+        ones too."""
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -141,6 +144,7 @@ class Peer:
         assert self._stop is not None
         while True:
             request = await asyncio.wait_for(_read_request(reader), _IO_TIMEOUT_S)
+            self.request_lines.append(request.split(b"\r\n", 1)[0].decode("latin-1"))
             if self.chat_only and b"/chat/completions " not in request.split(b"\r\n", 1)[0]:
                 writer.write(json_response(404, {"error": {"message": "not scripted"}}))
                 await writer.drain()

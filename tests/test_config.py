@@ -934,12 +934,17 @@ def test_a_password_or_a_key_inside_a_url_is_masked_wherever_the_url_is_shown(
         tmp_path,
         f"""\
         [providers.gw]
-        base_url = "http://user:{secret}@127.0.0.1:8080/v1"
+        base_url = "http://127.0.0.1:8080/v1?api_key={secret}"
         metrics_url = "http://127.0.0.1:8080/metrics?token={secret}"
         """,
     )
     assert main(["config", "show", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert secret not in out and 'base_url = "http://user:***@127.0.0.1:8080/v1"' in out
+    assert secret not in out and 'base_url = "http://127.0.0.1:8080/v1?api_key=***"' in out
+    # A password in base_url itself is refused (it would go out as Basic auth), and masked in the refusal.
+    with_userinfo = write(tmp_path / "userinfo.toml", f'[providers.gw]\nbase_url = "http://user:{secret}@127.0.0.1:8080/v1"\n')
+    with pytest.raises(ConfigError, match=r"without user:password@") as caught:
+        load_settings(with_userinfo, env={})
+    assert secret not in str(caught.value) and "user:***@" in str(caught.value)
     resolved = resolve_provider(load_settings(config, env={}), env={})
     assert resolved is not None and secret not in repr(resolved)

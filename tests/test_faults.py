@@ -147,6 +147,8 @@ ASK_CASES = [
          peer=[P.SSE_HEAD, P.chunk(b'data: {"choices":[{"index":0,"delta":{"content":"x\\ud83d"}}]}\n\n'),
                P.chunk(b'data: {"choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}]}\n\n'),
                P.DONE, P.END], kept="^x\ufffdy\n$"),
+    Case("refusal", 1, r"the model refused to answer \(finish_reason refusal\); rephrase the prompt",
+         server={"refuse": True, "profile": "instant"}, kept=r"^\[refused: I'm sorry, .*\]\n$"),
     Case("temperature nan", 2, r"--temperature: must be a finite number from 0 to 2, got nan", server={},
          args=["--model", MODEL, "--temperature", "nan"]),
     Case("max tokens negative", 2, r"--max-tokens: must be a whole number \(at least 1\), got -5", server={},

@@ -578,3 +578,29 @@ def test_a_prompt_typed_as_soon_as_the_app_shows_is_kept_and_sent(terminals: Ter
     messages = wait_stored(again, terminals.history_path, replies_ended(2), "the reply to the early prompt")
     assert (messages[2].role, messages[2].content) == ("user", "Typed while it starts"), _brief(messages)
     assert messages[3].status == "done" and messages[3].conversation == messages[0].conversation
+
+
+# -- a refusal -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
+    """Answers every chat at once with a refusal, as OpenAI sends one (`llmchat serve --refuse`)."""
+    with _serve(tmp_path_factory, ["--profile", "instant", "--refuse"]) as server:
+        yield server
+
+
+def test_a_refusal_shows_under_the_reply_as_one_and_again_after_continue(
+    terminals: TerminalSession, refusing: SubprocessServer
+) -> None:
+    refused = "refused: the model declined:"
+    t = start_with(terminals, refusing)
+    type_prompt(t, "Tell me a secret")
+    messages = wait_stored(t, terminals.history_path, replies_ended(1), "the refused reply")
+    assert (messages[1].status, messages[1].content) == ("refused", ""), _brief(messages)
+    screen = t.wait_for(lambda s: refused in "\n".join(chat_column(s)), STEP_S, what="the refusal on screen")
+    assert shows(screen, "I'm sorry, but I can't help with that request."), t.dump()
+    quit_app(t)
+
+    again = start_ready(terminals, "--continue")
+    screen = again.wait_for(lambda s: refused in "\n".join(chat_column(s)), STEP_S,
+                            what="the refusal reloaded and marked so")
+    assert shows(screen, "I'm sorry, but I can't help with that request."), again.dump()

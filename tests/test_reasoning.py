@@ -56,9 +56,72 @@ def test_what_is_and_is_not_an_inline_think_block(pieces: list[str], expected: t
 
 def test_the_splitter_steps_aside_once_the_answer_has_begun() -> None:
     splitter = ThinkSplitter()
-    assert splitter.feed("Hi") == ("Hi", "") and splitter.answering
-    assert splitter.feed("<think>") == ("<think>", "")
+    assert splitter.feed("Hi") == ("Hi", "") and not splitter.answering  # watched for a bare </think>
+    assert splitter.feed(" <think>") == (" <think>", "") and splitter.answering  # the model's text for good
+    assert splitter.feed("</think>") == ("</think>", "") and not splitter.reclaimed
     assert split_inline("<think>a</think> b") == ("b", "a")
+
+
+def _feed_reclaiming(pieces: list[str]) -> tuple[str, str, list[str]]:
+    """As ``_feed``, moving the answer given out so far to the reasoning when the splitter reclaims it, as
+    ChatStream does; also returns the answer pieces as the caller saw them (what it streamed)."""
+    splitter = ThinkSplitter()
+    answer: list[str] = []
+    reasoning: list[str] = []
+    seen: list[str] = []
+    for piece in pieces:
+        a, r = splitter.feed(piece)
+        if splitter.reclaimed:
+            splitter.reclaimed = False
+            reasoning += answer
+            answer = []
+        answer.append(a)
+        reasoning.append(r)
+        seen.append(a)
+    a, r = splitter.flush()
+    return "".join(answer) + a, "".join(reasoning) + r, seen
+
+
+OPENED_IN_PROMPT = "First, the sky.\nThen <thin the sea.\n</think>\n\nThe answer: </think> stays text."
+
+
+def test_a_reply_that_starts_inside_its_thinking_splits_the_same_wherever_the_chunks_are_cut() -> None:
+    expected = ("The answer: </think> stays text.", "First, the sky.\nThen <thin the sea.\n")
+    text = OPENED_IN_PROMPT
+    for cut in range(len(text) + 1):
+        for second in range(cut, len(text) + 1, 5):  # and a second cut after it: </th + ink> + ...
+            assert _feed_reclaiming([text[:cut], text[cut:second], text[second:]])[:2] == expected, (cut, second)
+    assert _feed_reclaiming(list(text))[:2] == expected
+    assert split_inline(text) == expected
+
+
+def test_text_before_a_bare_close_tag_streams_as_it_comes_and_no_tag_is_ever_given_out() -> None:
+    # Nothing is held back but a possible cut tag: the first pieces go out at once, as any answer's do.
+    _, _, seen = _feed_reclaiming(["Okay, so ", "the user", " asks</th", "ink>\n", "\nSure."])
+    assert seen == ["Okay, so ", "the user", " asks", "", "Sure."]
+    assert not any("think" in s for s in seen)
+
+
+@pytest.mark.parametrize(("pieces", "expected"), [
+    (["Use <think>x</think> tags"], ("Use <think>x</think> tags", "")),  # an opening tag first: text
+    (["Use <thi", "nk> then </think>"], ("Use <think> then </think>", "")),
+    (["All done.", " </thi"], ("All done. </thi", "")),  # a cut close tag that never completed is text
+    (["</think>Hi"], ("Hi", "")),  # empty thinking
+    (["  thought</think>\n\n", "  \n", "answer"], ("answer", "  thought")),
+])
+def test_what_is_and_is_not_thinking_before_a_bare_close_tag(
+    pieces: list[str], expected: tuple[str, str]
+) -> None:
+    assert _feed_reclaiming(pieces)[:2] == expected
+
+
+def test_a_close_tag_past_the_watched_start_of_an_answer_is_text() -> None:
+    from llmchat.core.http._reasoning import WATCH_CHARS
+
+    long = "x" * WATCH_CHARS
+    splitter = ThinkSplitter()
+    assert splitter.feed(long) == (long, "") and splitter.answering
+    assert _feed_reclaiming([long, "</think>", "y"])[:2] == (long + "</think>y", "")
 
 
 def test_streamed_tool_calls_are_assembled_by_index() -> None:

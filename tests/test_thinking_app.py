@@ -131,3 +131,24 @@ async def test_ctrl_t_with_no_thinking_says_so(server_factory: Callable[..., Run
         await _until(pilot, lambda: any("no reply here has thinking" in str(n.message)
                                         for n in app._notifications))
         assert not app.query(ThinkingBlock)
+
+
+async def test_thinking_shown_as_the_answer_moves_to_the_block_when_its_bare_close_tag_comes(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    # The template opened <think> in the prompt: the stream starts with the thinking as plain content.
+    server = server_factory(ttft_ms=20, tokens_per_s=60, reasoning_tokens=40, reasoning_open_in_prompt=True,
+                            default_max_tokens=10)
+    app = _app(server, tmp_path, show_thinking=True)
+    async with app.run_test(size=(150, 45)) as pilot:
+        reply = await _send(pilot, app, "why is the sky blue")
+        await _until(pilot, lambda: reply.is_final)
+        block = app.query_one(ThinkingBlock)
+        view = app.query_one(Conversation)
+        assert view.children.index(block) == view.children.index(reply) - 1
+        assert "think>" not in reply.text and reply.text.startswith("## ")
+        assert block.text.strip() and block.text.strip().split()[0] not in reply.text
+        assert app.conversation_id is not None
+        conv = await app.store.load(app.conversation_id)
+    saved = conv.messages[1]
+    assert saved.content == reply.text and saved.reasoning == block.text

@@ -97,7 +97,8 @@ NARROW = 100  # columns under which the HUD folds away by itself
 _TITLE_ROOM = 24  # cells of the conversation's title the badge leaves room for on a narrow terminal
 W = TypeVar("W", bound=Widget)
 _SHOWN_AS: dict[str, Status] = {
-    "cancelled": "cancelled", "interrupted": "interrupted", "streaming": "interrupted", "error": "error"}
+    "cancelled": "cancelled", "interrupted": "interrupted", "streaming": "interrupted", "error": "error",
+    "refused": "refused"}
 """How a stored reply's status shows ("streaming": the process writing it was killed); any other is done."""
 
 
@@ -137,6 +138,13 @@ def reply_note(summary: dict[str, Any] | None) -> str:
         parts.append(f"the server counted {summary.get('prompt_tokens')} of about "
                      f"{summary.get('prompt_sent_tokens')} prompt tokens: it dropped the conversation's start")
     return " · ".join(p for p in parts if p)
+
+
+def refusal_note(refusal: str, note: str = "") -> str:
+    """The line under a reply the model refused: its words quoted on one line, then ``note`` (the timing)."""
+    words = " ".join(refusal.split())
+    said = f'the model declined: "{words}"' if words else "the model declined, with no reason given"
+    return f"{said} · {note}" if note else said
 
 
 #: The palette's generation settings: the title of the box that asks for one, and its hint line.
@@ -814,6 +822,8 @@ class ChatApp(BranchActions, App[None]):
                 if status == "done" and msg.record is not None and msg.record.get("cache_hit"):
                     status = "cached"
                 note = msg.error or reply_note(msg.record)
+                if msg.status == "refused":
+                    note = refusal_note(msg.refusal, note)
                 # The model that answered: the server's own name for it when the record has one.
                 label = (msg.record or {}).get("model") or msg.model or None
                 thinking, cards = history_widgets(
@@ -990,8 +1000,8 @@ class ChatApp(BranchActions, App[None]):
         writer: ReplyWriter | None = None
         record: TimingRecord | None = None
         unwatch: Callable[[], None] | None = None
-        status: Literal["done", "cached", "cancelled", "interrupted", "error"] = "done"
-        note, error = "", None
+        status: Literal["done", "cached", "cancelled", "interrupted", "error", "refused"] = "done"
+        note, error, refusal = "", None, ""
         # The state line under the reply from the start: saving the reply's row comes first, and can wait.
         watch = RequestWatch(stall_s=self.settings.ui.stall_s, cancel_key=self._cancel_key,
                              label=client.model)
@@ -1020,6 +1030,7 @@ class ChatApp(BranchActions, App[None]):
             if stream:
                 chat = client.stream(messages, **params)
                 chat.on_reasoning = extras.reasoning
+                chat.on_reclaim = extras.reclaim
                 record = chat.record
                 unwatch = watch.follow(client.bus, record=record)
                 watch.reasoning_from(lambda: chat.reasoning)
@@ -1029,19 +1040,19 @@ class ChatApp(BranchActions, App[None]):
                     reply.append(piece, time.perf_counter_ns())
                     if writer is not None:
                         writer.append(piece)
-                calls = [c.to_dict() for c in chat.tool_calls]
-                # A hit here is a replayed stream ([cache] replay_streams).
-                status = "cached" if record.cache_hit else "done"
+                calls, refusal = [c.to_dict() for c in chat.tool_calls], chat.refusal
+                # A hit here is a replayed stream ([cache] replay_streams); a refusal is never cached.
+                status = "refused" if refusal else "cached" if record.cache_hit else "done"
             else:
                 unwatch = watch.follow(client.bus, messages=messages)
                 answer = await client.complete(messages, **params)
                 record = answer.record
                 extras.reasoning(answer.reasoning)
-                calls = [c.to_dict() for c in answer.tool_calls]
+                calls, refusal = [c.to_dict() for c in answer.tool_calls], answer.refusal
                 reply.append(answer.text, time.perf_counter_ns())
                 if writer is not None:
                     writer.append(answer.text)
-                status = "cached" if record.cache_hit else "done"
+                status = "refused" if refusal else "cached" if record.cache_hit else "done"
         except APIError as exc:
             record = record or (exc.record if isinstance(exc.record, TimingRecord) else None)
             status, error = "error", str(exc)
@@ -1067,6 +1078,8 @@ class ChatApp(BranchActions, App[None]):
             if unwatch is not None:
                 unwatch()
             note = error or (reply_note(record.summary()) if record is not None else "")
+            if status == "refused":
+                note = refusal_note(refusal, note)
             # (mypy narrows ``status`` here to the try body's normal endings; the cancel branch set it too)
             shown: Status = "cancelled" if status == "interrupted" else status  # type: ignore[comparison-overlap]
             if extras is not None:
@@ -1080,8 +1093,9 @@ class ChatApp(BranchActions, App[None]):
             if status == "error" and not partial and self.history and self.history[-1]["role"] == "user":
                 # The prompt went back into the input: it is not part of what the next request carries.
                 self.history.pop()
-            if partial:
-                self.history.append({"role": "assistant", "content": partial})
+            if partial or refusal:
+                # A refusal is what the model said: the next request carries it, as a resumed one does.
+                self.history.append({"role": "assistant", "content": partial or refusal})
             if writer is not None:
                 try:
                     await writer.finish(
@@ -1089,6 +1103,7 @@ class ChatApp(BranchActions, App[None]):
                         error=error,
                         record=record.summary() if record is not None else None,
                         tool_calls=calls,
+                        refusal=refusal,
                     )
                 except HistoryError as exc:
                     self.notify(f"{exc}; this reply is not saved", severity="error", timeout=10, markup=False)

@@ -22,6 +22,7 @@ import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.client._count import estimate_prompt
 from llmchat.core.config import Http2Mode, HttpSettings, RetrySettings, Settings
+from llmchat.core.config._secrets import mask_url
 from llmchat.core.http import (
     Endpoint,
     HTTPResponse,
@@ -33,6 +34,7 @@ from llmchat.core.http import (
 )
 from llmchat.core.http._reasoning import ThinkSplitter
 from llmchat.core.http._toolcalls import ToolCallAssembler
+from llmchat.core.http._urls import has_userinfo, join_url, userinfo_error
 from llmchat.core.observe import (
     Bus,
     Chunk,
@@ -60,6 +62,9 @@ Message = Mapping[str, Any]
 
 _Hit = TypeVar("_Hit")
 
+#: The ``finish_reason`` of a reply the model refused (OpenAI says "stop" and puts the words in ``refusal``).
+REFUSAL = "refusal"
+
 #: How long a finished stream may take to deliver the rest of its body before its connection is dropped.
 _DRAIN_S = 1.0
 
@@ -75,6 +80,8 @@ class ChatReply:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    refusal: str = ""
+    """The model's refusal, in its words ("" when it did not refuse); ``finish_reason`` is then "refusal"."""
 
 
 def endpoint_from_settings(
@@ -107,6 +114,8 @@ def endpoint_from_settings(
             )
         source = f"env {api_key_env} (--api-key-env)"
     if base_url:
+        if has_userinfo(base_url):
+            raise userinfo_error(base_url, "--base-url")
         http = settings.http
         if http2 is not None:
             http = _replace_http(http, http2=http2)
@@ -374,7 +383,8 @@ class ChatClient:
         a 404 on the listing itself (``listing``) says the path is wrong, and never asks again."""
         if listing and resp.status == 404 and not wire.looks_html(data, resp.headers.get("content-type", "")):
             return errors.NotFoundError(
-                f"{self.endpoint.hostport} has no {self.endpoint.base_url}/models (HTTP 404); base_url is "
+                f"{self.endpoint.hostport} has no {mask_url(join_url(self.endpoint.base_url, 'models'))} (HTTP 404); "
+                "base_url is "
                 "probably missing its /v1 (e.g. http://127.0.0.1:8000/v1): fix base_url",
                 status=404,
                 headers=resp.headers,
@@ -464,17 +474,21 @@ class ChatClient:
             record.replaced_chars = reply.replaced
             record.server_timing = reply.server_timing
             record.finish_reason = reply.finish_reason
+            if reply.refusal:
+                record.finish_reason = REFUSAL
             calls = reply.tool_calls or []
             record.tool_calls = len(calls)
             _apply_usage(record, reply.usage, fallback_tokens=0)
-            if key is not None and self.cache is not None:
+            # A refusal is not kept: asked again, the model may answer.
+            if key is not None and self.cache is not None and not reply.refusal:
                 await self.cache.put_chat(key, {
                     "text": reply.content, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
                     "usage": reply.usage, "model": reply.model or m,
                     "tool_calls": [c.to_dict() for c in calls],
                 })
             answer = reply.content
-            return ChatReply(reply.content, record, reply.reasoning, reply.finish_reason, reply.usage, calls)
+            return ChatReply(reply.content, record, reply.reasoning, record.finish_reason, reply.usage, calls,
+                             reply.refusal)
         except errors.APIError as exc:
             _fail(record, exc)
             raise
@@ -568,10 +582,16 @@ class ChatStream:
         self.record = client._record("stream", self.model)
         self._parts: list[str] = []
         self._reasoning: list[str] = []
+        self._refusal: list[str] = []
         self._tools = ToolCallAssembler()
         self.on_reasoning: Callable[[str, int], object] | None = None
         """Called with each reasoning delta and its arrival (``perf_counter_ns``) as it comes, before the
         answer's deltas of the same chunk are yielded; set it before iterating (the app streams thinking)."""
+        self.on_reclaim: Callable[[str], object] | None = None
+        """Called once, with the text, when what was yielded as answer turns out to be thinking: a reply
+        whose template opened ``<think>`` in the prompt streams ``thinking</think>answer``, and nothing tells
+        it from an answer until the tag comes. ``text`` and ``reasoning`` are already corrected; a caller
+        that showed the text moves it to the thinking. Set it before iterating."""
         self.on_usage: Callable[[dict[str, Any]], object] | None = None
         """Called with each usage object the stream carries, as it comes (``record.content_chunks`` then
         counts the content chunks so far): a server that sends usage on every chunk (vLLM's continuous usage
@@ -587,6 +607,12 @@ class ChatStream:
     @property
     def reasoning(self) -> str:
         return "".join(self._reasoning)
+
+    @property
+    def refusal(self) -> str:
+        """The model's refusal so far, in its words, kept apart from ``text`` ("" when it did not refuse);
+        ``finish_reason`` is "refusal" once the stream ends."""
+        return "".join(self._refusal)
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -690,6 +716,26 @@ class ChatStream:
         if self.on_reasoning is not None:
             self.on_reasoning(text, now)
 
+    def _reclaim(self) -> None:
+        """The answer so far was thinking (a bare ``</think>`` came: the template opened the tag in the
+        prompt). It becomes reasoning, timed as such: the first reasoning token is when it began, and TTFT
+        waits for the answer after the tag. ``on_reclaim`` tells a caller that showed it as answer."""
+        record = self.record
+        moved = "".join(self._parts)
+        self._parts.clear()
+        if record.first_token_ns is not None:
+            if record.first_reasoning_ns is None or record.first_token_ns < record.first_reasoning_ns:
+                record.first_reasoning_ns = record.first_token_ns
+            record.last_reasoning_ns = max(record.last_reasoning_ns or 0, record.last_token_ns or 0)
+        record.reasoning_chunks += record.content_chunks
+        record.content_chunks = 0
+        record.chunk_ns.clear()
+        record.first_token_ns = record.last_token_ns = None
+        if moved:
+            self._reasoning.append(moved)
+        if self.on_reclaim is not None:
+            self.on_reclaim(moved)
+
     def _on_tool_calls(self, deltas: list[Any]) -> None:
         self._tools.feed(deltas)
         self.record.tool_calls = len(self._tools.calls)
@@ -717,7 +763,9 @@ class ChatStream:
                 if reply.content:
                     self._on_content(reply.content, now)
                     yield reply.content
-                self.finish_reason = record.finish_reason = reply.finish_reason
+                if reply.refusal:
+                    self._refusal.append(reply.refusal)
+                self.finish_reason = record.finish_reason = REFUSAL if reply.refusal else reply.finish_reason
                 record.server_timing = reply.server_timing
                 _apply_usage(record, reply.usage, fallback_tokens=record.content_chunks)
                 return
@@ -765,6 +813,10 @@ class ChatStream:
                         record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
                     if splitter is not None and content:
                         content, inline = splitter.feed(content)
+                        if splitter.reclaimed:
+                            # The reply started inside reasoning: what went out as answer was thinking.
+                            self._reclaim()
+                            splitter.reclaimed = False
                         reasoning += inline
                         if splitter.answering:
                             splitter = None
@@ -775,6 +827,8 @@ class ChatStream:
                         yield content
                     if delta.tool_calls is not None:
                         self._on_tool_calls(delta.tool_calls)
+                    if delta.refusal:
+                        self._refusal.append(delta.refusal)
                     if delta.finish_reason:
                         self.finish_reason = record.finish_reason = delta.finish_reason
                     if delta.usage is not None:
@@ -803,6 +857,8 @@ class ChatStream:
                 yield tail
             record.replaced_chars = answer_joiner.replaced + reasoning_joiner.replaced
             record.end_ns = time.perf_counter_ns()
+            if self._refusal and self.finish_reason is not None:
+                self.finish_reason = record.finish_reason = REFUSAL
             if not done and self.finish_reason is None:
                 raise errors.StreamCutError(
                     f"the stream from {client.endpoint.hostport} ended without [DONE] or a finish_reason "

@@ -118,16 +118,16 @@ class ContextFit:
 
 def root_url(base_url: str, path: str) -> str:
     """``path`` at the server root: the API root with its trailing ``/v1`` taken off (llama.cpp and vLLM
-    serve ``/tokenize`` and ``/props`` there)."""
+    serve ``/tokenize`` and ``/props`` there), the base URL's query kept (Azure's ``?api-version=``)."""
     parts = urlsplit(base_url)
     root = parts.path.rstrip("/")
     if root.endswith("/v1"):
         root = root[:-3]
-    return urlunsplit((parts.scheme, parts.netloc, root + path, "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, root + path, parts.query, ""))
 
 
 def tokenize_url(base_url: str) -> str:
-    """``/tokenize`` at the server root."""
+    """``/tokenize`` at the server root, the base URL's query kept."""
     return root_url(base_url, "/tokenize")
 
 

@@ -65,7 +65,8 @@ class ProviderSettings:
     name: str = ""
     """The provider's name: the NAME in [providers.NAME] (set by the loader, not written in the file)."""
     base_url: str = "https://api.openai.com/v1"
-    """The API root, up to and including /v1."""
+    """The API root, up to and including /v1. A query in it (Azure's ?api-version=...) goes on every request,
+    after the path; a user:password@ in it is refused: the key goes in api_key or api_key_env."""
     api_key: str | None = field(default=None, repr=False)
     """The API key itself. Prefer api_key_env, so the key stays out of the file."""
     api_key_env: str | None = None
@@ -255,6 +256,12 @@ class ServerSettings:
     reasoning_inline: bool = False
     """Send the thinking inside the content as a <think>...</think> block instead (llama.cpp without a
     reasoning format); the tags arrive cut across chunks."""
+    reasoning_open_in_prompt: bool = False
+    """Send the thinking inline without its opening <think>, as an R1-style template that opens the tag in the
+    prompt streams it: thinking, then </think>, then the answer (implies reasoning_inline)."""
+    refuse: bool = False
+    """Answer every chat with a refusal, as OpenAI sends one: delta.refusal pieces with content null
+    (message.refusal in a whole reply), finish_reason "stop"."""
     tool_call: bool = False
     """Answer with a call to the request's first tool (get_weather when it offers none) instead of text: its
     arguments streamed in pieces, finish_reason "tool_calls"."""

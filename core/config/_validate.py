@@ -474,6 +474,10 @@ def _leaf(hint: object, value: object, parts: tuple[str, ...], rule_key: str, so
         raise (ConfigError(f"{error} (did you mean {toml_value(close)}?)") if close else error) from None
     if rule is not None and not rule.ok(converted):
         raise source.invalid(parts, rule.expectation, value)
+    if parts[-1] == "base_url" and isinstance(converted, str) and "@" in urlsplit(converted).netloc:
+        # Sent as Basic auth in place of the key, the provider's 401 would blame a key that is right.
+        raise source.invalid(parts, "a URL without user:password@ (llmchat sends the key as a Bearer token: put "
+                             "it in api_key or api_key_env)", value)
     return converted
 
 

@@ -154,6 +154,48 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE messages ADD COLUMN tool_calls TEXT",
     ),
+    # 6: a reply the model refused: status 'refused' and the refusal in its words, kept apart from the answer
+    # (OpenAI sends it in `refusal`, the content null). A new status means a new CHECK: the table is rebuilt as
+    # in 2, ids and the AUTOINCREMENT counter kept, then its indexes and the search triggers made again (the
+    # search index itself is by rowid, and the rowids are the same). Older replies refused nothing.
+    (
+        """CREATE TABLE messages_v6 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+            content TEXT NOT NULL DEFAULT '',
+            status TEXT NOT NULL DEFAULT 'done'
+                CHECK (status IN ('streaming', 'done', 'cancelled', 'interrupted', 'error', 'refused')),
+            error TEXT,
+            provider TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            mode TEXT NOT NULL DEFAULT '',
+            record TEXT,
+            created_at REAL NOT NULL,
+            parent_id INTEGER,
+            reasoning TEXT NOT NULL DEFAULT '',
+            tool_calls TEXT,
+            refusal TEXT NOT NULL DEFAULT ''
+        )""",
+        "INSERT INTO messages_v6 (id, conversation_id, role, content, status, error, provider, model, mode,"
+        " record, created_at, parent_id, reasoning, tool_calls) SELECT id, conversation_id, role, content,"
+        " status, error, provider, model, mode, record, created_at, parent_id, reasoning, tool_calls"
+        " FROM messages ORDER BY id",
+        "DELETE FROM sqlite_sequence WHERE name = 'messages_v6'",
+        "INSERT INTO sqlite_sequence (name, seq) SELECT 'messages_v6', seq FROM sqlite_sequence"
+        " WHERE name = 'messages'",
+        "DROP TABLE messages",  # its indexes and triggers go with it
+        "ALTER TABLE messages_v6 RENAME TO messages",
+        "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
+        "CREATE INDEX messages_by_parent ON messages (parent_id)",
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+    ),
 ]
 
 
@@ -519,7 +561,8 @@ class Database:
                           (text, reasoning, msg_id))
 
     def finish_reply(self, msg_id: int, text: str, status: Status, error: str | None,
-                     record: str | None, reasoning: str = "", tool_calls: str | None = None) -> None:
+                     record: str | None, reasoning: str = "", tool_calls: str | None = None,
+                     refusal: str = "") -> None:
         now = time.time()
         with _transaction(self.conn):
             row = self.conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (msg_id,)).fetchone()
@@ -527,7 +570,8 @@ class Database:
                 return
             self.conn.execute(
                 "UPDATE messages SET content = ?, status = ?, error = ?, record = ?, reasoning = ?,"
-                " tool_calls = ? WHERE id = ?", (text, status, error, record, reasoning, tool_calls, msg_id))
+                " tool_calls = ?, refusal = ? WHERE id = ?",
+                (text, status, error, record, reasoning, tool_calls, refusal, msg_id))
             self._touch(int(row[0]), now)
 
 
@@ -603,7 +647,7 @@ def _tool_calls(text: object) -> list[dict[str, Any]]:
 
 
 _MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, error, provider, model, mode, record,"
-                    " created_at, parent_id, reasoning, tool_calls")
+                    " created_at, parent_id, reasoning, tool_calls, refusal")
 
 
 def _message(row: tuple[Any, ...], alternatives: tuple[int, ...] = ()) -> Message:
@@ -611,4 +655,4 @@ def _message(row: tuple[Any, ...], alternatives: tuple[int, ...] = ()) -> Messag
                    status=row[4], error=row[5], provider=str(row[6]), model=str(row[7]), mode=str(row[8]),
                    record=_record(row[9]), created_at=float(row[10]),
                    parent_id=None if row[11] is None else int(row[11]), alternatives=alternatives,
-                   reasoning=str(row[12] or ""), tool_calls=_tool_calls(row[13]))
+                   reasoning=str(row[12] or ""), tool_calls=_tool_calls(row[13]), refusal=str(row[14] or ""))

@@ -20,8 +20,9 @@ from llmchat.core.config import is_secret_header
 
 Role = Literal["user", "assistant", "system"]
 #: "streaming" while a reply is written (and forever when the process writing it was killed); "cancelled" when
-#: the user stopped it; "interrupted" when llmchat quit or closed the history mid-reply.
-Status = Literal["streaming", "done", "cancelled", "interrupted", "error"]
+#: the user stopped it; "interrupted" when llmchat quit or closed the history mid-reply; "refused" when the
+#: model declined to answer (its words in ``Message.refusal``: a whole reply, not a partial one).
+Status = Literal["streaming", "done", "cancelled", "interrupted", "error", "refused"]
 
 #: How a conversation reached its provider, so that resuming it can reach the same one: "provider", a provider
 #: configured by name; "base_url", an ad-hoc ``--base-url`` (its URL is kept, never a key); "offline", the
@@ -182,6 +183,8 @@ class Message:
     """A reasoning model's thinking before this reply, apart from ``content`` (never sent back to it)."""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """The tool calls the reply asked for, in OpenAI's shape (``id``, ``type``, ``function``); none ran."""
+    refusal: str = ""
+    """The model's refusal, in its words, apart from ``content`` ("" unless ``status`` is "refused")."""
     parent_id: int | None = None
     """The message this one follows (None for the first): see :mod:`llmchat.core.history._tree`."""
     alternatives: tuple[int, ...] = ()
@@ -198,8 +201,8 @@ class Message:
     @property
     def partial(self) -> bool:
         """A reply that did not finish: cancelled, interrupted, failed, or still streaming when llmchat was
-        killed."""
-        return self.role == "assistant" and self.status != "done"
+        killed. A refused reply finished: the model said no."""
+        return self.role == "assistant" and self.status not in ("done", "refused")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,15 +231,17 @@ class Conversation:
         """The ``messages`` to send to resume this conversation: the system prompt first, then every message.
 
         An empty reply is left out (the model said nothing). A partial reply is kept, since it is what the
-        user saw and may answer, with a short note after it so the model knows it was cut.
+        user saw and may answer, with a short note after it so the model knows it was cut. A refusal goes as
+        the reply's text (every server takes ``content``; not every one takes ``refusal``): the user may answer
+        it, and the model must know what it said.
         """
         out: list[dict[str, str]] = []
         if self.system_prompt:
             out.append({"role": "system", "content": self.system_prompt})
         for msg in self.messages:
-            if msg.role == "assistant" and not msg.content:
+            content = (msg.content or msg.refusal) if msg.role == "assistant" else msg.content
+            if msg.role == "assistant" and not content:
                 continue
-            content = msg.content
             if msg.partial:
                 content += f"\n\n[reply cut short: {_status_word(msg.status)}]"
             out.append({"role": msg.role, "content": content})
@@ -257,8 +262,17 @@ _PARTIAL_MARKS = {
 
 
 def partial_mark(msg: Message) -> str:
-    """The italic line that says a reply is not whole ("" for a finished one or a user message)."""
+    """The italic line that says a reply is not whole ("" for a finished one or a user message), or that the
+    model refused, with its words: ``_(refused: the model declined: "I'm sorry...")_``."""
+    if msg.role == "assistant" and msg.status == "refused":
+        return f"_(refused: the model declined: {refusal_words(msg.refusal)})_"
     return _PARTIAL_MARKS[_status_word(msg.status)] if msg.partial else ""
+
+
+def refusal_words(refusal: str) -> str:
+    """A refusal quoted on one line (``"I'm sorry..."``); ``no reason given`` for an empty one."""
+    words = one_line(refusal)
+    return f'"{words}"' if words else "no reason given"
 
 
 # -- export --------------------------------------------------------------------------------------------------
@@ -397,9 +411,9 @@ def export_markdown(conv: Conversation, *, thinking: bool = False) -> str:
     first, as a quoted block under *Thinking*.
 
     A reply that did not finish says so in its heading ("(cancelled)", "(error: ...)", "(interrupted)") and in
-    an italic line after what arrived of it; each reply ends with its model and timing line in italics. The
-    messages' own headings are nested under their role heading (:func:`nest_headings`). Never fails for a
-    well-formed ``Conversation``.
+    an italic line after what arrived of it; a refused one says "(refused)" and quotes the refusal in that
+    line. Each reply ends with its model and timing line in italics. The messages' own headings are nested
+    under their role heading (:func:`nest_headings`). Never fails for a well-formed ``Conversation``.
     """
     title = conv.title or f"Conversation {conv.id}"
     lines = [f"# {title}", "", f"*Conversation {conv.id} · started {_when(conv.info.created_at)} · "
@@ -427,7 +441,8 @@ def export_markdown(conv: Conversation, *, thinking: bool = False) -> str:
 
 def export_records_json(conv: Conversation, *, thinking: bool = False) -> str:
     """A JSON list with one object per reply that has a timing record: the message id, conversation id,
-    status and error, the tool calls it asked for (``tool_call_list``), with ``thinking`` its reasoning text,
+    status ("refused" for a refusal) and error, the refusal in the model's words (``refusal``, null for none),
+    the tool calls it asked for (``tool_call_list``), with ``thinking`` its reasoning text,
     then the record's own fields. Replies without a record (none was made) are left out.
     """
     out: list[dict[str, Any]] = []
@@ -439,6 +454,7 @@ def export_records_json(conv: Conversation, *, thinking: bool = False) -> str:
             "conversation_id": conv.id,
             "message_status": msg.status,
             "message_error": msg.error,
+            "refusal": msg.refusal or None,
             "tool_call_list": list(msg.tool_calls),
             **({"reasoning": msg.reasoning} if thinking else {}),
             **msg.record,

@@ -74,7 +74,7 @@ __all__ = [
 log = logging.getLogger("llmchat.history")
 
 T = TypeVar("T")
-FinalStatus = Literal["done", "cancelled", "interrupted", "error"]
+FinalStatus = Literal["done", "cancelled", "interrupted", "error", "refused"]
 _FINAL: tuple[str, ...] = get_args(FinalStatus)
 
 #: The longest ``aclose`` waits for the last writes: quitting must not hang on a disk that stopped answering.
@@ -353,6 +353,16 @@ class ReplyWriter:
         if self._timer is None:
             self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
 
+    def reclaim(self) -> None:
+        """The text so far was thinking (``ChatStream.on_reclaim``): it moves to the reasoning, saved so at the
+        next flush; the reply's text starts again empty. Never blocks or raises."""
+        if self._finished or not self._parts:
+            return
+        self._reasoning[:0] = self._parts
+        self._parts = []
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._flush_s, self._flush_in_background)
+
     @property
     def reasoning(self) -> str:
         """The thinking so far."""
@@ -398,11 +408,12 @@ class ReplyWriter:
 
     async def finish(self, *, status: FinalStatus, error: str | None = None,
                      record: Mapping[str, Any] | None = None, text: str | None = None,
-                     tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
+                     tool_calls: Sequence[Mapping[str, Any]] = (), refusal: str = "") -> None:
         """Writes the final text, the status, the error line and the timing record; the writer stops.
 
         ``status``: "done", "cancelled" (the user stopped it), "interrupted" (the program quit or closed the
-        history mid-reply) or "error". ``text`` replaces what :meth:`append` collected when given (e.g. the
+        history mid-reply), "error" or "refused" (the model declined: ``refusal`` holds its words, kept apart
+        from the text). ``text`` replaces what :meth:`append` collected when given (e.g. the
         client's final text). ``tool_calls``: the calls the reply asked for, in OpenAI's shape. The thinking
         collected by :meth:`append_reasoning` is saved apart. A reply that did not finish keeps its partial
         text. Finishing twice does nothing. Raises ValueError for an unknown status and HistoryError when the
@@ -419,7 +430,8 @@ class ReplyWriter:
         record_json = None if record is None else json.dumps(dict(record), ensure_ascii=False, default=str)
         calls_json = json.dumps([dict(c) for c in tool_calls], ensure_ascii=False) if tool_calls else None
         await self._store._run(self._store._db.finish_reply, self.msg_id, final if text is None else text,
-                               status, one_line(error) if error else None, record_json, reasoning, calls_json)
+                               status, one_line(error) if error else None, record_json, reasoning, calls_json,
+                               refusal)
 
 
 def _log_failure(future: Future[None]) -> None:

@@ -1,7 +1,8 @@
 """OpenAI wire shapes: request bodies in, chunk and reply objects out, error responses to typed errors.
 
 Pure: bytes and dicts in, objects out; no I/O, no httpx. What real servers send is handled here: a role-only
-first delta or none, empty deltas, ``reasoning_content`` / ``reasoning`` deltas, ``finish_reason``, a usage
+first delta or none, empty deltas, ``reasoning_content`` / ``reasoning`` deltas, ``refusal`` deltas (OpenAI's
+structured refusal: ``content`` null, the words in ``refusal``), ``finish_reason``, a usage
 chunk, an error object inside the stream (llama.cpp), llama.cpp's ``timings`` and our server's
 ``server_timing``.
 """
@@ -67,6 +68,8 @@ class Delta:
 
     content: str = ""
     reasoning: str = ""
+    refusal: str = ""
+    """``delta.refusal``: the model refused, in these words (kept apart from the answer, as reasoning is)."""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     server_timing: dict[str, int] | None = None
@@ -107,6 +110,9 @@ def parse_chunk(data: str) -> Delta:
             calls = delta.get("tool_calls")
             if isinstance(calls, list) and calls:
                 d.tool_calls = calls
+            refusal = delta.get("refusal")  # the one lookup a chunk without a refusal pays
+            if refusal and isinstance(refusal, str):
+                d.refusal = clean(refusal)[0] if suspect else refusal
             d.suspect = suspect and (may_need_cleaning(d.content) or may_need_cleaning(d.reasoning))
         d.finish_reason = choice.get("finish_reason")
     usage = obj.get("usage")
@@ -142,6 +148,8 @@ class Reply:
     """Characters of content and reasoning that were not valid Unicode, now U+FFFD."""
     tool_calls: list[ToolCall] | None = None
     """The calls the model asked for (``message.tool_calls``), None when it asked for none."""
+    refusal: str = ""
+    """``message.refusal``: the model refused, in these words; "" when it did not."""
 
 
 def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> Reply:
@@ -154,10 +162,13 @@ def parse_reply(body: bytes, *, status: int, content_type: str, where: str) -> R
     st = obj.get("server_timing")
     content, bad_content = clean(str(msg.get("content") or ""))
     reasoning, bad_reasoning = clean(str(msg.get("reasoning_content") or msg.get("reasoning") or ""))
-    if not reasoning and "<think>" in content[:64]:
+    if not reasoning and ("<think>" in content[:64] or "</think>" in content):
         content, reasoning = split_inline(content)
     calls = tool_calls_from(msg) if isinstance(msg, dict) else []
+    raw_refusal = msg.get("refusal") if isinstance(msg, dict) else None
+    refusal = clean(raw_refusal)[0] if isinstance(raw_refusal, str) else ""
     return Reply(
+        refusal=refusal,
         content=content,
         reasoning=reasoning,
         replaced=bad_content + bad_reasoning,

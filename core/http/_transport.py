@@ -46,6 +46,7 @@ import llmchat.core.errors as errors
 from llmchat.core.config import HttpSettings
 from llmchat.core.http._interface import Endpoint
 from llmchat.core.http._proxy_route import ProxyRoute, resolve_proxy
+from llmchat.core.http._urls import has_userinfo, join_url, userinfo_error
 from llmchat.core.observe import Phases
 
 _VERSIONS = {"HTTP/1.1": "HTTP/1.1", "HTTP/2": "HTTP/2", "HTTP/1.0": "HTTP/1.0"}
@@ -155,7 +156,9 @@ def _build_client(
     # h2c: HTTP/2 only, which httpx speaks with prior knowledge on http:// URLs.
     http1, http2 = not h2c, bool(http.http2)
     return httpx.AsyncClient(
-        base_url=endpoint.base_url.rstrip("/") + "/",
+        # Requests go out as whole URLs (``join_url``: a query in base_url stays after the path); this one is
+        # the base without its query, so httpx never appends a path after it.
+        base_url=endpoint.base_url.partition("?")[0].rstrip("/") + "/",
         headers=headers,
         # httpx mounts no proxy when given a transport: the transport's pool goes through route's itself.
         transport=_transport(http, context, limits, http1=http1, http2=http2, route=route),
@@ -1192,6 +1195,8 @@ class Transport:
     """
 
     def __init__(self, endpoint: Endpoint) -> None:
+        if has_userinfo(endpoint.base_url):  # never sent: httpx would make it Basic auth over the key
+            raise userinfo_error(endpoint.base_url, f"base_url of provider {endpoint.name!r}")
         self.endpoint = endpoint
         self._route: ProxyRoute | None = None
         self._verify: ssl.SSLContext | bool | None = None
@@ -1331,7 +1336,8 @@ class Transport:
                 headers["Accept"] = "text/event-stream"
             if extra_headers:
                 headers.update(extra_headers)
-            req = client.build_request(method, path.lstrip("/"), content=body, headers=headers)
+            url = join_url(self.endpoint.base_url, path)
+            req = client.build_request(method, url, content=body, headers=headers)
             req.extensions["trace"] = _tracer(phases)
             try:
                 resp = await client.send(req, stream=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import llmchat.core.errors as errors
 import llmchat.core.http._openai as wire
 from llmchat.core.config import BatchSettings, mask_url
-from llmchat.core.load._jobs import Job, JobSummary, write_atomic
+from llmchat.core.load._jobs import Job, JobSummary, refused_line, write_atomic
 from llmchat.core.observe import Phases
 from llmchat.core.policy import call_with_retries
 
@@ -417,6 +417,7 @@ async def run_batch_api(
             summary.ok += 1
         else:
             summary.failed += 1
+            summary.refused += line.get("finish_reason") == "refusal"
     outcome.written = len(written)
     outcome.ignored = len(results)
     outcome.missing = [i for i in sent if i in wanted and i not in written]
@@ -491,14 +492,12 @@ def _result_line(job_id: str, obj: Mapping[str, Any], batch_id: str, where: str)
         except errors.APIError as exc:
             line.update({"reply": None, "error": str(exc)})
         else:
-            line.update(
-                {
-                    "reply": reply.content,
-                    "finish_reason": reply.finish_reason,
-                    "usage": reply.usage,
-                    "error": None,
-                }
-            )
+            line.update(refused_line(reply.refusal, reply.usage) if reply.refusal else {
+                "reply": reply.content,
+                "finish_reason": reply.finish_reason,
+                "usage": reply.usage,
+                "error": None,
+            })
     elif response is not None and status:
         data = json.dumps(body, ensure_ascii=False).encode() if not isinstance(body, str) else body.encode()
         error = wire.status_error(

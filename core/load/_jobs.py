@@ -45,6 +45,9 @@ class JobSummary:
     skipped: int = 0
     ok: int = 0
     failed: int = 0
+    refused: int = 0
+    """Of ``failed``, the lines the model refused: written with the refusal and an error, so
+    ``--retry-failed`` sends them again."""
     cache_hits: int = 0
     retries: int = 0
     bad_lines: list[str] = field(default_factory=list)
@@ -57,6 +60,16 @@ class JobSummary:
     @property
     def p99_ms(self) -> float | None:
         return percentile(self.latencies_ms, 99)
+
+
+def refused_line(refusal: str, usage: Any) -> dict[str, Any]:
+    """The fields of an OUT.jsonl line the model refused (direct and Batch API paths alike): no reply, the
+    refusal in its words, ``finish_reason`` "refusal", and an error, so the line counts as failed and
+    ``--retry-failed`` sends it again."""
+    words = " ".join(refusal.split())
+    shown = words if len(words) <= 80 else words[:77] + "..."
+    return {"reply": "", "refusal": refusal, "finish_reason": "refusal", "usage": usage,
+            "error": f"the model refused: {shown!r}; rephrase the prompt or ask another model, then --retry-failed"}
 
 
 def read_jobs(lines: Iterable[str], *, source: str = "input") -> tuple[list[Job], list[str]]:
@@ -220,9 +233,15 @@ async def run_jobs(
             summary.failed += 1
         else:
             record = reply.record
-            line.update({"reply": reply.text, "finish_reason": reply.finish_reason, "usage": reply.usage,
-                         "error": None})
-            summary.ok += 1
+            if reply.refusal:
+                line.update(refused_line(reply.refusal, reply.usage))
+                error = line["error"]
+                summary.failed += 1
+                summary.refused += 1
+            else:
+                line.update({"reply": reply.text, "finish_reason": reply.finish_reason, "usage": reply.usage,
+                             "error": None})
+                summary.ok += 1
         if record is not None:
             line["record"] = record.summary()
             summary.retries += len(record.retries)

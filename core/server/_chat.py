@@ -138,7 +138,7 @@ class ChatResponder:
         first_due = started_at + cold + self.settings.ttft_ms / 1000.0 + prefill + self.dice.jitter()
         usage = _wire.usage(prompt_tokens, len(reply.tokens))
         try:
-            if self.settings.reasoning_tokens > 0 or self.settings.tool_call or not req.plain:
+            if self.settings.reasoning_tokens > 0 or self.settings.tool_call or self.settings.refuse or not req.plain:
                 await self._rich(ex, req, reply, first_due)
             elif req.stream:
                 await self._stream(ex, req, reply, usage, first_due)
@@ -266,6 +266,7 @@ class ChatResponder:
                 reply if i == 0 else self._build(req, key), reasoning_tokens=self.settings.reasoning_tokens,
                 inline=self.settings.reasoning_inline, tool_call=self.settings.tool_call, tools=req.tools,
                 seed_text=key, last_user_text=req.last_user_text, events=events, top_logprobs=top,
+                open_in_prompt=self.settings.reasoning_open_in_prompt, refuse=self.settings.refuse,
             )
             choices.append((events, choice_plan))
         plans = [p for _, p in choices]

@@ -164,6 +164,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="send the thinking inline in the content as <think>...</think> instead (tags cut across chunks)",
     )
     a(
+        "--reasoning-open-in-prompt",
+        action="store_true",
+        default=None,
+        help="send the inline thinking without its opening <think> (a template that opens it in the prompt): "
+        "thinking</think>answer",
+    )
+    a(
+        "--refuse",
+        action="store_true",
+        default=None,
+        help="answer every chat with a refusal as OpenAI sends one (delta.refusal, message.refusal)",
+    )
+    a(
         "--tool-call",
         action="store_true",
         default=None,
@@ -269,6 +282,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "batch_expire",
         "reasoning_tokens",
         "reasoning_inline",
+        "reasoning_open_in_prompt",
+        "refuse",
         "tool_call",
     )
     return {_FIELD.get(n, n): getattr(args, n) for n in names if getattr(args, n, None) is not None}

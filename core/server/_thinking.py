@@ -9,6 +9,12 @@ With ``tool_call`` the answer is a call to the request's first tool (``get_weath
 arguments, a JSON object, streamed in pieces under the same ``index`` as OpenAI does; ``finish_reason`` is
 ``tool_calls``. Each event is built once per request as bytes; ``_chat`` paces them like tokens.
 
+With ``reasoning_open_in_prompt`` the block has no opening tag (an R1-style template opens ``<think>`` in
+the prompt): the stream starts with the thinking and carries only ``</think>``.
+
+With ``refuse`` the reply is a refusal as OpenAI sends one: ``delta.refusal`` pieces with ``content`` null
+(``message.refusal`` whole), finish_reason ``stop``.
+
 The same plan carries a request's ``logprobs`` (on its content tokens; reasoning and tool-call deltas have
 none, as a reasoning model's have none) and one choice of ``n`` (``Events`` writes any choice ``index``);
 ``_choices`` interleaves the choices of one stream.
@@ -68,6 +74,11 @@ class Plan:
     """The content tokens' ``logprobs.content`` entries, when the request asked for them."""
     last_logprobs: bytes | None = None
     """The final chunk's ``logprobs`` object, when asked for and the reply ends in a content token."""
+    refusal: str = ""
+
+
+#: What ``refuse`` answers, as OpenAI's models word a refusal.
+REFUSAL = "I'm sorry, but I can't help with that request."
 
 
 class Events:
@@ -95,6 +106,9 @@ class Events:
     def tool_call(self, call: dict[str, Any]) -> bytes:
         return self._chunk(dumps({"tool_calls": [call]}))
 
+    def refusal(self, escaped: bytes) -> bytes:
+        return self._chunk(b'{"content":null,"refusal":"' + escaped + b'"}')
+
     def content(self, escaped: bytes, logprobs: bytes | None = None) -> bytes:
         """A content token, already JSON-escaped; ``logprobs`` is its chunk's ``logprobs`` object."""
         if logprobs is None:
@@ -115,14 +129,18 @@ class Events:
 def plan(
     reply: Reply, *, reasoning_tokens: int, inline: bool, tool_call: bool, tools: Sequence[str],
     seed_text: str, last_user_text: str, events: Events, top_logprobs: int | None = None,
+    open_in_prompt: bool = False, refuse: bool = False,
 ) -> Plan:
-    """The events of one choice with a thinking phase, a tool call and/or logprobs (``top_logprobs`` None:
-    none asked for; else the alternatives per token) for its content tokens."""
+    """The events of one choice with a thinking phase, a tool call, a refusal and/or logprobs (``top_logprobs``
+    None: none asked for; else the alternatives per token) for its content tokens. ``open_in_prompt`` sends
+    the thinking inline without its opening tag."""
+    inline = inline or open_in_prompt
     thoughts = thinking_tokens(reasoning_tokens, seed_text)
     out: list[bytes] = []
     answer: list[str] = []
     if thoughts and inline:
-        answer = [*tokenize("<think>\n"), *thoughts, *tokenize("\n</think>\n\n")]
+        opening = [] if open_in_prompt else tokenize("<think>\n")
+        answer = [*opening, *thoughts, *tokenize("\n</think>\n\n")]
     elif thoughts:
         out = [events.reasoning(_escape(t)) for t in thoughts]
     call = None
@@ -140,6 +158,12 @@ def plan(
         text = "".join(answer)
         return Plan(out, b"", "tool_calls", len(thoughts) + 1 + len(pieces), "" if inline else "".join(thoughts),
                     text, call, len(thoughts), entries)
+    if refuse:
+        out += [events.content(_escape(t)) for t in answer]  # thinking before the refusal, as o1 may
+        pieces = tokenize(REFUSAL)
+        out += [events.refusal(_escape(t)) for t in pieces]
+        return Plan(out, b"", "stop", len(thoughts) + len(pieces), "" if inline else "".join(thoughts),
+                    "".join(answer), None, len(thoughts), refusal=REFUSAL)
     answer += reply.tokens
     entries = _entries(answer, top_logprobs, seed_text)
     out += _contents(events, answer[:-1], entries)
@@ -161,8 +185,9 @@ def _contents(events: Events, tokens: Sequence[str], entries: list[dict[str, Any
 
 def whole_message(p: Plan) -> dict[str, Any]:
     """The ``message`` of a whole (non-streamed) reply with the same thinking and call."""
-    msg: dict[str, Any] = {"role": "assistant", "content": p.content or (None if p.tool_call else ""),
-                           "refusal": None, "annotations": []}
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": p.content or (None if p.tool_call or p.refusal else ""),
+                           "refusal": p.refusal or None, "annotations": []}
     if p.reasoning:
         msg["reasoning_content"] = p.reasoning
     if p.tool_call is not None:

@@ -1,7 +1,8 @@
 """`llmchat ask PROMPT`: one answer for scripts, streamed to stdout as it arrives.
 
-Exit status: 0 on success, 1 on an API or network failure (one line on stderr; what arrived stays on stdout),
-2 on a usage or config error. With no provider configured, the local server answers, and stderr says so.
+Exit status: 0 on success, 1 on an API or network failure (one line on stderr; what arrived stays on stdout)
+or a refusal (its words on stdout, marked, and one line on stderr), 2 on a usage or config error. With no
+provider configured, the local server answers, and stderr says so.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     if args.seed is not None:
         params["seed"] = args.seed
     out = _Out(sys.stdout, enabled=not args.json)
-    text = reasoning = ""
+    text = reasoning = refusal = ""
     calls: list[ToolCall] = []
     record: TimingRecord | None = None
     error: APIError | None = None
@@ -116,10 +117,12 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             if args.batch:
                 reply = await client.complete(messages, **params)
                 text, record = reply.text, reply.record
-                reasoning, calls = reply.reasoning, reply.tool_calls
-                out.write(text + "\n")
+                reasoning, calls, refusal = reply.reasoning, reply.tool_calls, reply.refusal
+                if text or not refusal:
+                    out.write(text + "\n")
             else:
                 stream = client.stream(messages, **params)
+                stream.on_reclaim = lambda moved: _reclaimed(out, moved)
                 record = stream.record
                 try:
                     async for piece in stream:
@@ -128,6 +131,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
                     # Closed here, whatever stopped the loop (a closed pipe, Ctrl-C): never left to the GC.
                     await stream.aclose()
                     text, reasoning, calls = stream.text, stream.reasoning, stream.tool_calls
+                    refusal = stream.refusal
         except APIError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -135,6 +139,8 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             cancelled = True
         if text and not args.batch:
             out.write("\n")  # the streamed text ends its line, whatever ended the stream
+        if refusal:
+            out.write(f"[refused: {refusal}]\n")
         for call in calls:
             # Never executed: what the model asked for is shown, one line per call.
             out.write(f"[tool call {call.name}: {call.arguments}]\n")
@@ -144,7 +150,7 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
             record = finished[-1]
         attribution = None if record is None else await signals.attribute(record)
     if args.json:
-        obj: dict[str, Any] = {"reply": text, "reasoning": reasoning,
+        obj: dict[str, Any] = {"reply": text, "reasoning": reasoning, "refusal": refusal or None,
                                "tool_call_list": [c.to_dict() for c in calls]}
         if record is not None and attribution is not None:
             obj.update(record.summary())
@@ -170,7 +176,20 @@ async def _ask(args: argparse.Namespace, settings: Settings, prompt: str, base_u
     if error is not None:
         print(f"llmchat: {error}", file=sys.stderr)
         return 1
+    if refusal:
+        print("llmchat: the model refused to answer (finish_reason refusal); rephrase the prompt or ask another "
+              "model", file=sys.stderr)
+        return 1
     return 0
+
+
+def _reclaimed(out: _Out, moved: str) -> None:
+    # What was printed as the answer was the model's thinking: its template opened <think> in the prompt,
+    # and only the bare </think> told. Printed is printed; say which part it was, and where the answer starts.
+    if out.enabled and moved:
+        out.write("\n")
+        print("llmchat: the text above was the model's thinking (it ended with </think>); the answer follows",
+              file=sys.stderr, flush=True)
 
 
 ANNOUNCE_WAIT_S = 1.0

@@ -226,6 +226,7 @@ def summary_table(s: JobSummary) -> str:
     rows = [
         ("ok", str(s.ok)),
         ("failed", str(s.failed)),
+        ("refused (of failed)", str(s.refused)),
         ("skipped (already done)", str(s.skipped)),
         ("bad input lines", str(len(s.bad_lines))),
         ("cache hits", str(s.cache_hits)),

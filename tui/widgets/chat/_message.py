@@ -27,9 +27,9 @@ from llmchat.tui.widgets.chat._document import MarkdownDocument, estimate_rows
 from llmchat.tui.widgets.chat._frozen import FrozenLines, bar
 from llmchat.tui.widgets.chat._lines import Line
 
-Status = Literal["done", "cancelled", "interrupted", "error", "cached"]
+Status = Literal["done", "cancelled", "interrupted", "error", "cached", "refused"]
 """How a reply ended: complete, stopped by the user, cut off by quitting or a crash (a reply from history),
-failed, or served from the cache."""
+failed, served from the cache, or refused by the model (the note then quotes the refusal)."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
 _HIGHLIGHT_SLICE_NS = 5_000_000
@@ -277,6 +277,18 @@ class ChatMessage(FrozenLines):
         # A reply removed from the conversation stays "mounted" for Textual; it paints nothing more.
         if self._handle is None and self.is_mounted and self.is_attached:
             self._schedule(max(0, self._next_frame_ns - perf_counter_ns()))
+
+    def restart(self) -> None:
+        """Drop the text so far, painted or not: it was not the answer (a reply that started inside its
+        thinking, ``ChatStream.on_reclaim``). Ignored once the reply is finished."""
+        if self._status is not None:
+            return
+        self._doc = MarkdownDocument("")
+        self._pending.clear()
+        self._first_arrival_ns = None
+        self.invalidate_lines()
+        if self.is_mounted:
+            self.refresh(layout=True)
 
     def follow(self, state: LiveState, *, interval_s: float = LIVE_INTERVAL_S) -> None:
         """Show ``state`` under the text while the reply streams: read every ``interval_s`` seconds (at least
@@ -585,6 +597,10 @@ class ChatMessage(FrozenLines):
             return Text.assemble(
                 ("error", "status.error"), (f": {note}" if note else "", "status.error"), end=""
             )
+        if status == "refused":
+            # Never an empty success: the model said no, and the note says what it said.
+            return Text.assemble(("refused", "status.warning"), (f": {note}" if note else "", "status.muted"),
+                                 end="")
         label = {"cancelled": ("cancelled", "status.warning"),
                  "interrupted": ("interrupted: the reply was cut off", "status.warning")}.get(
                      status, ("from cache", "status.cached"))

@@ -182,6 +182,21 @@ class ReplyExtras:
         if self.writer is not None:
             self.writer.append_reasoning(text)
 
+    def reclaim(self, text: str) -> None:
+        """What was shown as the answer was thinking (``ChatStream.on_reclaim``: the template opened
+        ``<think>`` in the prompt): it leaves the reply, and the writer's text, for the thinking block."""
+        self.reply.restart()
+        if self.writer is not None:
+            self.writer.reclaim()
+            # Already the writer's reasoning: the block takes it without saving it twice.
+            writer, self.writer = self.writer, None
+            try:
+                self.reasoning(text)
+            finally:
+                self.writer = writer
+        else:
+            self.reasoning(text)
+
     def answer_started(self, thought_ms: float | None) -> None:
         """The first answer delta arrived: fold the thinking (unless kept open) and say how long it took."""
         self.thinking = False
