@@ -126,7 +126,7 @@ async def test_an_answer_while_the_body_is_still_sent_is_read_and_not_retried(
     assert caught.value.status == 413 and not caught.value.retryable
     assert "Request Entity Too Large" in str(caught.value) and "\n" not in str(caught.value)
     assert stream.record.attempts == 1 and stream.record.retries == [] and peer.requests == 2
-    assert again == ["peer-model"]
+    assert again == ["peer-model"] and peer.protocol_errors == []
 
 
 async def test_a_connection_closed_after_its_goaway_under_a_taken_stream_is_named_the_servers_cut(
