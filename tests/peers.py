@@ -282,23 +282,33 @@ class H2Peer(Peer):
     - ``"refuse"``: a POST gets ``refuse_status`` with a JSON error as soon as its HEADERS arrive, then
       RST_STREAM (``reset_code``; NO_ERROR is nginx's "stop sending"), while the body is still coming: the
       initial window is 16 KiB and no WINDOW_UPDATE is ever sent, so a larger body cannot all go out.
+      ``refuse_after_ack``: the answer waits until the client has acknowledged the peer's SETTINGS, so the
+      client has seen its stream's window shrink below what it already sent (negative, RFC 9113 6.9.2).
     - ``"http11"``: answers the h2c preface with an HTTP/1.1 400 at once and keeps the connection open, as
       llama-server does.
     - ``"goaway-cut"``: as ``"stream"``, but after two chunks sends a GOAWAY naming the stream as its last,
       and closes the connection mid-reply.
 
     ``resets`` records each RST_STREAM received as ``(stream_id, error_code)``; ``ended`` the stream ids whose
-    reply the peer sent to its end; ``requests`` counts the requests seen. All bounded like ``Peer``'s.
+    reply the peer sent to its end; ``requests`` counts the requests seen; ``protocol_errors`` what h2 found
+    wrong in what the client sent (the peer then ends the connection with h2's GOAWAY, as a server does).
+    All bounded like ``Peer``'s.
+
+    Its SETTINGS (a 16 KiB initial window) bind from the client's ACK on, as RFC 9113 6.9.2 has it: until then
+    the client may send on the default 65,535 bytes, and the peer takes that, as nginx does.
     """
 
     def __init__(self, mode: Literal["stream", "refuse", "http11", "goaway-cut"] = "stream", *,
-                 chunks: int = 200, interval_s: float = 0.01, refuse_status: int = 413, reset_code: int = 0) -> None:
+                 chunks: int = 200, interval_s: float = 0.01, refuse_status: int = 413, reset_code: int = 0,
+                 refuse_after_ack: bool = False) -> None:
         super().__init__([])
         self.mode = mode
         self.chunks = chunks
         self.interval_s = interval_s
         self.refuse_status = refuse_status
         self.reset_code = reset_code
+        self.refuse_after_ack = refuse_after_ack
+        self.protocol_errors: list[str] = []
         self.resets: list[tuple[int, int]] = []
         self.ended: list[int] = []
 
@@ -316,12 +326,18 @@ class H2Peer(Peer):
                 await asyncio.wait_for(self._stop.wait(), HANG_CAP_S)
             return
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-        conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384,
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
-        })
-        conn.initiate_connection()
+        window = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
+        streams = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={window: 16384, streams: 100})
+        conn.initiate_connection()  # the SETTINGS frame says 16 KiB ...
         writer.write(conn.data_to_send())
+        # ... which binds once the client ACKs it: until then a stream's window is the default 65,535, and a
+        # client that sent that much before it read the SETTINGS broke no rule (h2 would take the values given
+        # to Settings() as in force at once, and fail the connection with FLOW_CONTROL_ERROR).
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={streams: 100})
+        conn.local_settings[window] = 16384
+        # With refuse_after_ack, the POSTs waiting for the client's SETTINGS ACK (None once it came).
+        unanswered: list[int] | None = [] if self.refuse_after_ack else None
         streaming: dict[int, asyncio.Task[None]] = {}
         paths: dict[int, tuple[str, str]] = {}
         bodies: dict[int, bytes] = {}
@@ -352,11 +368,26 @@ class H2Peer(Peer):
                 return  # the client reset it
             self.ended.append(sid)
 
+        def refuse(sid: int) -> None:
+            body = json.dumps({"error": {"message": "Request Entity Too Large"}}).encode()
+            conn.send_headers(sid, [(":status", str(self.refuse_status)), ("content-type", "application/json"),
+                                    ("content-length", str(len(body)))])
+            conn.send_data(sid, body)
+            conn.reset_stream(sid, self.reset_code)
+
         while not self._stop.is_set():
             data = await asyncio.wait_for(reader.read(65536), HANG_CAP_S)
             if not data:
                 return
-            for ev in conn.receive_data(data):
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                # h2 has queued its GOAWAY with the error's code: sent, and the connection ends.
+                self.protocol_errors.append(f"{type(exc).__name__}: {exc}")
+                flush()
+                await writer.drain()
+                return
+            for ev in events:
                 if isinstance(ev, h2.events.RequestReceived):
                     self.requests += 1
                     headers: dict[Any, Any] = dict(ev.headers or [])
@@ -368,12 +399,10 @@ class H2Peer(Peer):
                                                          ("content-length", str(len(body)))])
                         conn.send_data(ev.stream_id, body, end_stream=True)
                     elif self.mode == "refuse":
-                        body = json.dumps({"error": {"message": "Request Entity Too Large"}}).encode()
-                        conn.send_headers(ev.stream_id, [(":status", str(self.refuse_status)),
-                                                         ("content-type", "application/json"),
-                                                         ("content-length", str(len(body)))])
-                        conn.send_data(ev.stream_id, body)
-                        conn.reset_stream(ev.stream_id, self.reset_code)
+                        if unanswered is not None:
+                            unanswered.append(ev.stream_id)
+                        else:
+                            refuse(ev.stream_id)
                     elif ev.stream_ended is not None:
                         streaming[ev.stream_id] = asyncio.create_task(stream_reply(ev.stream_id))
                 elif isinstance(ev, h2.events.DataReceived):
@@ -388,6 +417,10 @@ class H2Peer(Peer):
                                                              ("content-type", "application/json")])
                             conn.send_data(ev.stream_id, body, end_stream=True)
                             self.ended.append(ev.stream_id)
+                elif isinstance(ev, h2.events.SettingsAcknowledged) and unanswered is not None:
+                    for sid in unanswered:
+                        refuse(sid)
+                    unanswered = None
                 elif isinstance(ev, h2.events.StreamReset):
                     self.resets.append((ev.stream_id, int(ev.error_code)))
                     task = streaming.pop(ev.stream_id, None)

@@ -1,8 +1,9 @@
 """An HTTP/2 stream's life cycle against scripted h2 peers (``tests/peers.py:H2Peer``, on the h2 library):
 a stream closed early is reset at once with CANCEL and the connection goes on; an h2c attempt answered in
 HTTP/1.1 fails in one round trip; an answer that comes while the body is still going out (nginx's 413 and
-RST_STREAM) is read and reported, not retried; a connection the server closes after its GOAWAY, under a stream
-it had taken, is named as the server's cut.
+RST_STREAM) is read and reported, not retried, also when the server's SETTINGS have shrunk the stream's
+window below what was already sent (a negative window is waited on, not overrun); a connection the server
+closes after its GOAWAY, under a stream it had taken, is named as the server's cut.
 """
 
 from __future__ import annotations
@@ -126,7 +127,24 @@ async def test_an_answer_while_the_body_is_still_sent_is_read_and_not_retried(
     assert caught.value.status == 413 and not caught.value.retryable
     assert "Request Entity Too Large" in str(caught.value) and "\n" not in str(caught.value)
     assert stream.record.attempts == 1 and stream.record.retries == [] and peer.requests == 2
-    assert again == ["peer-model"]
+    assert again == ["peer-model"] and peer.protocol_errors == []
+
+
+async def test_a_window_the_servers_settings_shrink_below_what_was_sent_is_waited_on_not_overrun(
+    h2peer: Callable[..., H2Peer],
+) -> None:
+    # The client sends 64 KiB on the default window before it reads the server's SETTINGS (16 KiB): the
+    # stream's window is then -48 KiB (RFC 9113 6.9.2), which is a wait for WINDOW_UPDATE, not room to send.
+    # The answer comes only after the client's ACK, so the client meets that window every time.
+    peer = h2peer("refuse", refuse_after_ack=True)
+    big = [{"role": "user", "content": "x" * 1_000_000}]
+    async with _client(peer) as client:
+        stream = client.stream(big)
+        with pytest.raises(errors.HTTPStatusError) as caught:
+            await asyncio.wait_for(_drain(stream), DEADLINE_S)
+    assert caught.value.status == 413 and not caught.value.retryable
+    assert stream.record.attempts == 1 and stream.record.retries == [] and peer.requests == 1
+    assert peer.protocol_errors == []
 
 
 async def test_a_connection_closed_after_its_goaway_under_a_taken_stream_is_named_the_servers_cut(

@@ -401,13 +401,18 @@ class _H2Connection(_Retiring, httpcore.AsyncHTTP2Connection):
             self._answered_early(stream_id)
 
     async def _wait_for_outgoing_flow(self, request: httpcore.Request, stream_id: int) -> int:
-        # httpcore's, checking for an answer (or a reset) before each wait and after each read.
+        # httpcore's, checking for an answer (or a reset) before each wait and after each read, and waiting on
+        # a window below zero as on one at zero. A window goes negative when the server's SETTINGS lower the
+        # initial window under what was sent on the default 65,535 before they were read (RFC 9113 6.9.2: a
+        # 16 KiB window, 64 KiB sent): httpcore waits only while it is 0, so it would send min(len, -48 KiB)
+        # bytes, a slice of nearly all the chunk, which h2 refuses with FlowControlError, a protocol error the
+        # retry layer sent again, even when the server's answer was on its way.
         state = self._h2_state
         while True:
             if self._answered(stream_id):
                 raise _AnsweredEarly()
             flow = min(state.local_flow_control_window(stream_id), state.max_outbound_frame_size)
-            if flow:
+            if flow > 0:
                 return flow
             await self._receive_events(request)
 
