@@ -98,6 +98,12 @@ class ThinkSplitter:
 
     def _watch(self, text: str) -> tuple[str, str]:
         """Answer text that may yet turn out to be thinking: passed on, but for a possible cut tag at its end."""
+        if "<" not in text:
+            # The common chunk: no tag and no start of one (both open with "<"), so one scan and no more.
+            self._watched += len(text)
+            if self._watched >= WATCH_CHARS:
+                self._state = _ANSWER
+            return text, ""
         end = text.find(CLOSE)
         opened = text.find(OPEN)
         if 0 <= opened and (end < 0 or opened < end):
