@@ -219,6 +219,15 @@ def _json_object(body: bytes, *, status: int, content_type: str, where: str) -> 
     return obj
 
 
+#: What to do about a proxy's refusal of a request too large for it (nginx: client_max_body_size,
+#: large_client_header_buffers): the request, not the URL or the proxy settings, is what to change.
+_TOO_LARGE = {
+    413: "the request is larger than it accepts: send a shorter conversation or smaller attachments, or raise its "
+         "limit (nginx: client_max_body_size)",
+    431: "the request's headers are larger than it accepts: raise its limit (nginx: large_client_header_buffers)",
+}
+
+
 def looks_html(body: bytes, content_type: str) -> bool:
     head = body[:200].lstrip().lower()
     return "html" in content_type.lower() or head.startswith((b"<!doctype", b"<html", b"<head", b"<body"))
@@ -274,9 +283,10 @@ def status_error(
     """
     if looks_html(body, content_type):
         err = errors.ServerError if status >= 500 else errors.HTTPStatusError
+        fix = _TOO_LARGE.get(status, "check base_url and HTTPS_PROXY, or try again if it is a 502/503")
         return err(
             f"{where} answered HTTP {status} with an HTML page ({_html_title(body)}) instead of JSON; a proxy or "
-            "gateway answered: check base_url and HTTPS_PROXY, or try again if it is a 502/503",
+            f"gateway answered: {fix}",
             status=status,
             headers=headers,
         )

@@ -129,6 +129,7 @@ async def test_an_over_large_body_through_tls_h2_is_nginx_413_with_no_retry(ngin
         took = time.monotonic() - started
     assert caught.value.status == 413 and not caught.value.retryable
     assert "413" in str(caught.value) and "\n" not in str(caught.value)
+    assert "client_max_body_size" in str(caught.value), "the fix named is the request's size, not the URL"
     assert stream.record.attempts == 1 and stream.record.retries == []
     assert stream.record.http_version == "HTTP/2"
     assert took < 10.0
