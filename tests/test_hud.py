@@ -17,7 +17,14 @@ from textual.widgets import Static
 from timing_records import T0, record
 
 from llmchat.core.config._settings import UISettings
-from llmchat.core.observe._attribution import GROUPS, attribute, shares_over
+from llmchat.core.observe._attribution import (
+    GROUPS,
+    MUTE_MS,
+    attribute,
+    format_shares,
+    shares_over,
+    shown_groups,
+)
 from llmchat.core.observe._bus import (
     Bus,
     Chunk,
@@ -30,7 +37,7 @@ from llmchat.core.observe._bus import (
 )
 from llmchat.core.observe._coldstart import ColdStartDetector
 from llmchat.core.observe._timing import TimingRecord
-from llmchat.core.observe._window import MUTE_MS, Metrics, ServerState, shown_groups
+from llmchat.core.observe._window import Metrics, ServerState
 from llmchat.core.policy._retry import RetryEvent
 from llmchat.tui.numbers import duration
 from llmchat.tui.widgets.hud import AttributionPanel, Hud, HudDetail, PlotChart
@@ -663,6 +670,10 @@ async def test_a_routine_clock_overlap_is_folded_into_the_server_and_a_large_one
         assert styles_of(panel, f"overlap {duration(overlap)}") == {"$warning"}
         assert f"the server reported {duration(overlap)} more than the client measured" in panel_text(panel)
         assert "negative unexplained" not in panel_text(panel) and "? -" not in panel_text(panel)
+    # `ask --stats` prints the same shares as the HUD: the routine overlaps folded, the large one said.
+    assert "unexplained" not in format_shares(attribute(small))
+    assert "unexplained" not in format_shares(b) and " -" not in format_shares(b)
+    assert "unexplained -" in format_shares(attribute(large))
 
 
 async def test_the_panel_shows_flags_as_badges_and_says_a_cache_hit_in_words() -> None:

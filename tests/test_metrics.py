@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from timing_records import MS, record
 
+from llmchat.core.observe._attribution import is_routine_overlap
 from llmchat.core.observe._bus import (
     Bus,
     Chunk,
@@ -21,7 +22,7 @@ from llmchat.core.observe._bus import (
     WarmupState,
 )
 from llmchat.core.observe._timing import Phases
-from llmchat.core.observe._window import Metrics, Percentiles, Price, is_routine_overlap, prices_from_settings
+from llmchat.core.observe._window import Metrics, Percentiles, Price, prices_from_settings
 from llmchat.core.policy._retry import RetryEvent
 
 

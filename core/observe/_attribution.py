@@ -188,11 +188,47 @@ class Attribution:
         }
 
 
+MUTE_MS = 2.0
+"""An unexplained remainder under this (either sign) is clock noise: shown as zero."""
+ROUTINE_OVERLAP_MS = 5.0
+"""A reported span overrunning the measured one by less than this is a routine clock overlap..."""
+ROUTINE_OVERLAP_SHARE = 0.05
+"""...and so is one under this share of the time the server reported (a long stream's first and last tokens
+meet different one-way delays, a few ms apart, more on a busy machine)."""
+
+
+def is_routine_overlap(overlap_ms: float, server_ms: float) -> bool:
+    """Whether a reported span overrunning the measured one by ``overlap_ms`` is routine: under
+    ``ROUTINE_OVERLAP_MS``, or under ``ROUTINE_OVERLAP_SHARE`` of the ``server_ms`` the server reported."""
+    return overlap_ms < ROUTINE_OVERLAP_MS or overlap_ms < ROUTINE_OVERLAP_SHARE * server_ms
+
+
+def shown_groups(attribution: Attribution) -> dict[str, float]:
+    """Milliseconds per group as the HUD shows them: ``group_ms()``, with a negative unexplained part (a
+    reported span longer than the measured one it fits in) that is a routine overlap folded into the server's
+    figure (the server cannot have taken longer than the span the client measured), and any unexplained part
+    under ``MUTE_MS`` dropped. A larger overlap stays, negative, for the reader to show as an overlap."""
+    groups = attribution.group_ms()
+    rest = groups.get("unexplained")
+    if rest is None:
+        return groups
+    server = groups.get("server", 0.0)
+    if rest < 0 and server > 0 and is_routine_overlap(-rest, server):
+        groups["server"] = server + rest
+        del groups["unexplained"]
+    elif abs(rest) < MUTE_MS:
+        del groups["unexplained"]
+    return groups
+
+
 def format_shares(attribution: Attribution) -> str:
     """One line of group shares, largest first: ``network 61% · server 30% · client 4% · unexplained 5%``;
     flags follow in brackets, a cold start with the model load the server reported
-    (``[cold_start: server model load 1500 ms]``). Empty for a zero total."""
-    shares = attribution.shares()
+    (``[cold_start: server model load 1500 ms]``). Empty for a zero total. The shares are the HUD's
+    (``shown_groups``): a routine overlap is folded into the server's figure, never a negative unexplained."""
+    if attribution.total_ms <= 0:
+        return ""
+    shares = {g: ms / attribution.total_ms for g, ms in shown_groups(attribution).items()}
     ordered = sorted(shares.items(), key=lambda kv: -abs(kv[1]))
     text = " · ".join(f"{g} {s * 100:.0f}%" for g, s in ordered)
     if text and attribution.flags:

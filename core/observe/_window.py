@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from llmchat.core.observe._attribution import GROUPS, RENDER_LAG, Attribution, attribute
+from llmchat.core.observe._attribution import GROUPS, RENDER_LAG, Attribution, attribute, shown_groups
 from llmchat.core.observe._bus import (
     Bus,
     Chunk,
@@ -91,14 +91,6 @@ class Spread(NamedTuple):
 
 
 _NO_SPREAD = Spread(0, None, None, None, None, None)
-
-MUTE_MS = 2.0
-"""An unexplained remainder under this (either sign) is clock noise: shown as zero."""
-ROUTINE_OVERLAP_MS = 5.0
-"""A reported span overrunning the measured one by less than this is a routine clock overlap..."""
-ROUTINE_OVERLAP_SHARE = 0.05
-"""...and so is one under this share of the time the server reported (a long stream's first and last tokens
-meet different one-way delays, a few ms apart, more on a busy machine)."""
 
 
 class Price(NamedTuple):
@@ -176,30 +168,6 @@ def failure_kind(record: TimingRecord) -> str:
     if record.error_kind is not None:
         return record.error_kind
     return "error" if record.error is not None else "no_reply"
-
-
-def is_routine_overlap(overlap_ms: float, server_ms: float) -> bool:
-    """Whether a reported span overrunning the measured one by ``overlap_ms`` is routine: under
-    ``ROUTINE_OVERLAP_MS``, or under ``ROUTINE_OVERLAP_SHARE`` of the ``server_ms`` the server reported."""
-    return overlap_ms < ROUTINE_OVERLAP_MS or overlap_ms < ROUTINE_OVERLAP_SHARE * server_ms
-
-
-def shown_groups(attribution: Attribution) -> dict[str, float]:
-    """Milliseconds per group as the HUD shows them: ``group_ms()``, with a negative unexplained part (a
-    reported span longer than the measured one it fits in) that is a routine overlap folded into the server's
-    figure (the server cannot have taken longer than the span the client measured), and any unexplained part
-    under ``MUTE_MS`` dropped. A larger overlap stays, negative, for the reader to show as an overlap."""
-    groups = attribution.group_ms()
-    rest = groups.get("unexplained")
-    if rest is None:
-        return groups
-    server = groups.get("server", 0.0)
-    if rest < 0 and server > 0 and is_routine_overlap(-rest, server):
-        groups["server"] = server + rest
-        del groups["unexplained"]
-    elif abs(rest) < MUTE_MS:
-        del groups["unexplained"]
-    return groups
 
 
 class Metrics:

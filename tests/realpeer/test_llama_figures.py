@@ -17,7 +17,7 @@ from llamacpp import LlamaServer
 
 from llmchat.core import ChatClient, HTTPStatusError, attribute
 from llmchat.core.client import MESSAGE_TOKENS, ContextBudget
-from llmchat.core.observe._window import is_routine_overlap, shown_groups
+from llmchat.core.observe._attribution import is_routine_overlap, shown_groups
 
 pytestmark = pytest.mark.realpeer
 

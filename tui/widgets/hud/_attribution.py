@@ -13,9 +13,10 @@ Top to bottom, each line wrapped to the panel (nothing is cut):
 
 The core keeps every nanosecond honest, down to a negative "unexplained" when a server reports a little more
 than the span it fits in: the one-way delays of two stamps overlap by a few ms. Such a routine overlap (under
-5 ms, or under 5 % of the time the server reported: ``core._metrics.is_routine_overlap``) is folded into the
-server's figure, with no note; a larger one is shown as what it is, ``overlap 150 ms``, with a note saying
-why it can happen. An unexplained remainder under ``core._metrics.MUTE_MS`` is shown as zero.
+5 ms, or under 5 % of the time the server reported: ``core/observe/_attribution.py:is_routine_overlap``) is
+folded into the server's figure, with no note; a larger one is shown as what it is, ``overlap 150 ms``, with a
+note saying why it can happen. An unexplained remainder under ``MUTE_MS`` (the same module) is shown as zero;
+``llmchat ask --stats`` prints the same shares (``format_shares``).
 """
 
 from __future__ import annotations
