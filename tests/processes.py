@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from typing import Any
 
@@ -14,3 +15,22 @@ def reap(process: subprocess.Popen[Any], wait_s: float) -> None:
     for pipe in (process.stdout, process.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def stop(process: subprocess.Popen[Any], wait_s: float = 10.0) -> None:
+    """End a server the test started: SIGTERM, so it shuts down as it would for a user; SIGKILL if it has not
+    within ``wait_s``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0

@@ -260,13 +260,10 @@ class LlamaServer:
         raise PeerUnavailable(f"llama-server did not answer /health within {ready_s:.0f} s (log {self.log})")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        # Imported here: run as a script (the build), this file has only its own folder on the path.
+        from processes import stop
+
+        stop(self.process)
         self._log_file.close()
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from llamacpp import PeerUnavailable, free_port
+from processes import listening, stop
 
 #: nginx's default is 1,000 (HTTP/1.1 and HTTP/2 alike); lower, so the tier's runs cross it.
 KEEPALIVE_REQUESTS = 100
@@ -106,12 +106,6 @@ def _self_signed(prefix: Path) -> None:
     )
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 class Nginx:
     """A running nginx in front of ``upstream`` (``host:port``); :meth:`close` stops it."""
 
@@ -173,17 +167,11 @@ class Nginx:
             if self.process.poll() is not None:
                 last = (self.error_log_text().strip().splitlines() or [""])[-1]
                 raise PeerUnavailable(f"nginx exited at start (status {self.process.returncode}): {last}")
-            if all(_listening(port) for port in ports):
+            if all(listening(port) for port in ports):
                 return
             time.sleep(0.05)
         raise PeerUnavailable(f"nginx did not listen on {ports} within {ready_s:.0f} s")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop(self.process)
         self._out.close()

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from processes import listening, stop
 
 from llmchat.core.server import RunningServer
 
@@ -48,12 +49,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 class TinyProxy:
@@ -109,19 +104,13 @@ class TinyProxy:
                 out = (self.prefix / "stderr.log").read_text(errors="replace").strip().splitlines()
                 raise ProxyUnavailable(
                     f"tinyproxy exited at start (status {self.process.returncode}): {(out or [''])[-1]}")
-            if _listening(self.port):
+            if listening(self.port):
                 return
             time.sleep(0.05)
         raise ProxyUnavailable(f"tinyproxy did not listen on 127.0.0.1:{self.port} within {ready_s:.0f} s")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop(self.process)
         self._out.close()
 
 
