@@ -294,6 +294,11 @@ async def test_the_waterfall_marks_new_and_reused_connections() -> None:
         assert rows["connect"].split()[1:] == ["-"]
         assert rows["tls"].split()[1:] == ["-"]
         assert rows["send"].split()[1:3] == ["0.3", "ms"]
+        assert "proxy" not in text(hud.waterfall)
+        # Through a forward proxy the header says so (the record's `proxy`, masked, says which).
+        finish(app.bus, record(reused=True, proxy="http://127.0.0.1:3128"))
+        await until(pilot, lambda: "via proxy" in text(hud.waterfall), "the proxy")
+        assert text(hud.waterfall).splitlines()[0].startswith("HTTP/2 · reused · via proxy")
 
 
 async def test_the_detail_view_opens_and_closes() -> None:

@@ -81,8 +81,9 @@ def _thinking_start(record: TimingRecord) -> int | None:
 
 
 def header(record: TimingRecord) -> Content:
-    """``HTTP/2 · reused · 200 · 1 retry``: the protocol, the connection (or the cache), then the status; for
-    a failure without an error status (a timeout, a cut stream) the error kind instead, in red."""
+    """``HTTP/2 · reused · 200 · 1 retry``: the protocol, the connection (or the cache), ``via proxy`` when it
+    went through one, then the status; for a failure without an error status (a timeout, a cut stream) the
+    error kind instead, in red."""
     parts: list[str | tuple[str, str]] = [record.http_version or "-", " · "]
     if record.cache_hit:
         parts.append(("cache hit", "$success"))
@@ -90,6 +91,8 @@ def header(record: TimingRecord) -> Content:
         parts.append("reused")
     else:
         parts.append(("new conn", WARN_STYLE))
+    if record.proxy and not record.cache_hit:
+        parts.append(" · via proxy")  # which one: ask --json's `proxy`, the doctor's path section
     failed = record.error is not None or (record.error_kind is not None and not record.cancelled)
     if record.cancelled:
         outcome: str | None = "cancelled"
