@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -192,8 +193,10 @@ def ensure_model(build: Build, python: str = sys.executable) -> Path:
         )
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or [""])[-1]
-            if "No module named 'numpy'" in done.stderr:
-                raise PeerUnavailable("llama-server's model: numpy is missing: pip install '.[peers]'")
+            missing = re.search(r"No module named '([^']+)'", done.stderr)
+            if missing:
+                raise PeerUnavailable(f"llama-server's model: the module {missing[1]} is missing (gguf-py needs it): "
+                                      "pip install '.[peers]'")
             raise PeerUnavailable(f"llama-server's model could not be made: {last[:200]}")
     return model
 
