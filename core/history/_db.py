@@ -52,6 +52,19 @@ T = TypeVar("T")
 #: Longest title kept by a rename; a title is a list line, not a document.
 TITLE_MAX = 200
 
+#: The triggers that keep the search index (messages_fts, external content) in step with every insert, update
+#: of content and delete of a message. Created with the index (migration 4) and again by any migration that
+#: rebuilds the messages table (6), since dropping a table drops its triggers.
+_FTS_TRIGGERS = (
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+)
+
 MIGRATIONS: list[tuple[str, ...]] = [
     # 1: conversations and their messages. `touched` orders the list by activity without trusting the wall
     # clock (which can step back); AUTOINCREMENT so an id the user once exported never names another one.
@@ -139,13 +152,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         # A later migration that rebuilds messages must create these triggers again.
         "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id',"
         " tokenize='unicode61 remove_diacritics 2')",
-        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
-        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
-        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
-        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
-        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
-        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
-        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        *_FTS_TRIGGERS,
         "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",
     ),
     # 5: a reasoning model's thinking, kept apart from the answer (never sent back to the model), and the tool
@@ -188,13 +195,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE messages_v6 RENAME TO messages",
         "CREATE INDEX messages_by_conversation ON messages (conversation_id, id)",
         "CREATE INDEX messages_by_parent ON messages (parent_id)",
-        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
-        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
-        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
-        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
-        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
-        " INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
-        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END",
+        *_FTS_TRIGGERS,
     ),
 ]
 

@@ -194,17 +194,10 @@ class BatchEmulator:
         fields = parse_multipart(ex.body, (ex.header(b"content-type") or b"").decode("latin-1"))
         purpose = fields.get("purpose")
         if purpose is None:
-            raise HTTPFailure(
-                400,
-                "Missing required parameter: 'purpose'.",
-                code="missing_required_parameter",
-                param="purpose",
-            )
+            raise HTTPFailure.missing("purpose")
         upload = fields.get("file")
         if upload is None or upload[0] is None:
-            raise HTTPFailure(
-                400, "Missing required parameter: 'file'.", code="missing_required_parameter", param="file"
-            )
+            raise HTTPFailure.missing("file")
         kind = purpose[1].decode("utf-8", "replace")
         if kind not in _PURPOSES:
             raise _unsupported("purpose", kind, _PURPOSES)
@@ -259,12 +252,7 @@ class BatchEmulator:
         body = parse_json(ex.body)
         file_id = body.get("input_file_id")
         if not isinstance(file_id, str) or not file_id:
-            raise HTTPFailure(
-                400,
-                "Missing required parameter: 'input_file_id'.",
-                code="missing_required_parameter",
-                param="input_file_id",
-            )
+            raise HTTPFailure.missing("input_file_id")
         stored = self.files.get(file_id)
         if stored is None:
             raise HTTPFailure(

@@ -39,6 +39,12 @@ class HTTPFailure(Exception):
         self.body = error_body(message, type_, code, param)
         self.headers = list(headers)
 
+    @classmethod
+    def missing(cls, param: str) -> HTTPFailure:
+        """OpenAI's 400 for a required parameter the request left out (or sent empty)."""
+        return cls(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",
+                   param=param)
+
 
 class ClientGone(Exception):
     """The client disconnected before its request was read; there is nobody to answer."""

@@ -114,12 +114,7 @@ def parse_chat(payload: dict[str, Any], models: Sequence[str]) -> ChatRequest:
     """Check a chat completions body; HTTPFailure 400 for a bad field, 404 ``model_not_found`` for a model."""
     model = _model(payload, models)
     if "messages" not in payload or payload["messages"] is None:
-        raise HTTPFailure(
-            400,
-            "Missing required parameter: 'messages'.",
-            code="missing_required_parameter",
-            param="messages",
-        )
+        raise HTTPFailure.missing("messages")
     messages = payload["messages"]
     if not isinstance(messages, list):
         raise _invalid_type("messages", "an array", messages)
@@ -199,9 +194,7 @@ def parse_embeddings(payload: dict[str, Any], models: Sequence[str], max_dim: in
     """Check an embeddings body; HTTPFailure 400 for a bad field, 404 for a bad model."""
     model = _model(payload, models)
     if "input" not in payload or payload["input"] is None:
-        raise HTTPFailure(
-            400, "Missing required parameter: 'input'.", code="missing_required_parameter", param="input"
-        )
+        raise HTTPFailure.missing("input")
     raw = payload["input"]
     inputs: list[str | list[int]]
     if isinstance(raw, str):
@@ -322,20 +315,10 @@ def _response_format(value: object, messages: list[dict[str, Any]]) -> ResponseF
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
-            raise HTTPFailure(
-                400,
-                "Missing required parameter: 'response_format.json_schema'.",
-                code="missing_required_parameter",
-                param="response_format.json_schema",
-            )
+            raise HTTPFailure.missing("response_format.json_schema")
         name = spec.get("name")
         if not isinstance(name, str) or not name:
-            raise HTTPFailure(
-                400,
-                "Missing required parameter: 'response_format.json_schema.name'.",
-                code="missing_required_parameter",
-                param="response_format.json_schema.name",
-            )
+            raise HTTPFailure.missing("response_format.json_schema.name")
         schema = spec.get("schema")
         if schema is not None and not isinstance(schema, dict):
             raise _invalid_type("response_format.json_schema.schema", "an object", schema)
