@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -34,3 +37,25 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def wait_started(
+    process: subprocess.Popen[Any], ready: Callable[[], bool], name: str, last_line: Callable[[], str],
+    within: float,
+) -> str | None:
+    """Wait until a server the test started is ``ready()``. None once it is; else one line saying why not: it
+    exited (with ``last_line()``, the end of its log), or ``within`` seconds passed."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return f"{name} exited at start (status {process.returncode}): {last_line()}"
+        if ready():
+            return None
+        time.sleep(0.05)
+    return f"{name} was not ready within {within:.0f} s"
+
+
+def last_line(path: Path) -> str:
+    """The last line of a log file, "" when it is empty or missing."""
+    text = path.read_text(errors="replace").strip() if path.exists() else ""
+    return (text.splitlines() or [""])[-1]

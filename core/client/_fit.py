@@ -131,20 +131,31 @@ def tokenize_url(base_url: str) -> str:
     return root_url(base_url, "/tokenize")
 
 
-def parse_props(body: bytes) -> int | None:
-    """The window llama.cpp's ``GET /props`` states: ``default_generation_settings.n_ctx`` (recent versions,
-    per slot), else a top-level ``n_ctx`` (older ones); None for anything else."""
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object; None for anything else (these answers only ever inform an estimate)."""
     try:
         obj = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
-        return None
-    settings = obj.get("default_generation_settings")
-    for value in (settings.get("n_ctx") if isinstance(settings, dict) else None, obj.get("n_ctx")):
+    return obj if isinstance(obj, dict) else None
+
+
+def _first_window(*values: Any) -> int | None:
+    """The first of ``values`` that is a window: a positive whole number (not a bool)."""
+    for value in values:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def parse_props(body: bytes) -> int | None:
+    """The window llama.cpp's ``GET /props`` states: ``default_generation_settings.n_ctx`` (recent versions,
+    per slot), else a top-level ``n_ctx`` (older ones); None for anything else."""
+    obj = _json_object(body)
+    if obj is None:
+        return None
+    settings = obj.get("default_generation_settings")
+    return _first_window(settings.get("n_ctx") if isinstance(settings, dict) else None, obj.get("n_ctx"))
 
 
 def context_refusal(status: int | None, message: str) -> tuple[bool, int | None]:
@@ -182,21 +193,17 @@ def parse_windows(body: bytes) -> dict[str, int]:
             continue
         raw_meta = model.get("meta")
         meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
-        for value in (model.get("max_model_len"), meta.get("n_ctx_train"), model.get("context_length"),
-                      model.get("context_window")):
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                windows[str(model["id"])] = value
-                break
+        window = _first_window(model.get("max_model_len"), meta.get("n_ctx_train"), model.get("context_length"),
+                               model.get("context_window"))
+        if window is not None:
+            windows[str(model["id"])] = window
     return windows
 
 
 def parse_token_count(body: bytes) -> int | None:
     """The number of tokens a /tokenize answer holds (vLLM's ``count``, else llama.cpp's ``tokens``)."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
+    obj = _json_object(body)
+    if obj is None:
         return None
     count = obj.get("count")
     if isinstance(count, int) and not isinstance(count, bool):

@@ -12,8 +12,8 @@ template set, small enough to answer in milliseconds on one core.
 Everything that cannot be had raises :class:`PeerUnavailable` with one line naming the part and the fix;
 the tier's fixtures turn that into a failed test, never a skip.
 
-As a script: ``python tests/realpeer/llamacpp.py build`` builds (or finds) the server and the model and
-prints their paths.
+As a script (``scripts/build-llama-server``, which puts ``tests/`` on the path for ``processes``), ``build``
+builds (or finds) the server and the model and prints their paths.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from processes import last_line, stop, wait_started
 
 #: The llama-cpp-python release whose vendored llama.cpp is built. Raising it rebuilds into a new folder.
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -247,25 +248,20 @@ class LlamaServer:
         self._log_file.flush()
         return self.log.read_text(errors="replace")
 
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.root}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
     def _wait_ready(self, ready_s: float) -> None:
-        deadline = time.monotonic() + ready_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                last = (self.log_text().strip().splitlines() or [""])[-1]
-                raise PeerUnavailable(f"llama-server exited at start (status {self.process.returncode}): {last}")
-            try:
-                with urllib.request.urlopen(f"{self.root}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)
-        raise PeerUnavailable(f"llama-server did not answer /health within {ready_s:.0f} s (log {self.log})")
+        self._log_file.flush()
+        failed = wait_started(self.process, self._healthy, "llama-server", lambda: last_line(self.log), ready_s)
+        if failed:
+            raise PeerUnavailable(f"{failed} (log {self.log})")
 
     def close(self) -> None:
-        # Imported here: run as a script (the build), this file has only its own folder on the path.
-        from processes import stop
-
         stop(self.process)
         self._log_file.close()
 

@@ -18,11 +18,10 @@ import datetime
 import ipaddress
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from llamacpp import PeerUnavailable, free_port
-from processes import listening, stop
+from processes import last_line, listening, stop, wait_started
 
 #: nginx's default is 1,000 (HTTP/1.1 and HTTP/2 alike); lower, so the tier's runs cross it.
 KEEPALIVE_REQUESTS = 100
@@ -161,16 +160,11 @@ class Nginx:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _wait_ready(self, ready_s: float) -> None:
-        deadline = time.monotonic() + ready_s
         ports = (self.tls_port, self.h2c_port, self.h1_port)
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                last = (self.error_log_text().strip().splitlines() or [""])[-1]
-                raise PeerUnavailable(f"nginx exited at start (status {self.process.returncode}): {last}")
-            if all(listening(port) for port in ports):
-                return
-            time.sleep(0.05)
-        raise PeerUnavailable(f"nginx did not listen on {ports} within {ready_s:.0f} s")
+        failed = wait_started(self.process, lambda: all(listening(port) for port in ports), "nginx",
+                              lambda: last_line(self.prefix / "error.log"), ready_s)
+        if failed:
+            raise PeerUnavailable(f"{failed} (ports {ports})")
 
     def close(self) -> None:
         stop(self.process)

@@ -16,12 +16,11 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from processes import listening, stop
+from processes import last_line, listening, stop, wait_started
 
 from llmchat.core.server import RunningServer
 
@@ -98,16 +97,10 @@ class TinyProxy:
         return [str(line) for line in _REQUEST_LINE.findall(self.log_text())]
 
     def _wait_ready(self, ready_s: float) -> None:
-        deadline = time.monotonic() + ready_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                out = (self.prefix / "stderr.log").read_text(errors="replace").strip().splitlines()
-                raise ProxyUnavailable(
-                    f"tinyproxy exited at start (status {self.process.returncode}): {(out or [''])[-1]}")
-            if listening(self.port):
-                return
-            time.sleep(0.05)
-        raise ProxyUnavailable(f"tinyproxy did not listen on 127.0.0.1:{self.port} within {ready_s:.0f} s")
+        failed = wait_started(self.process, lambda: listening(self.port), "tinyproxy",
+                              lambda: last_line(self.prefix / "stderr.log"), ready_s)
+        if failed:
+            raise ProxyUnavailable(f"{failed} (127.0.0.1:{self.port})")
 
     def close(self) -> None:
         stop(self.process)
