@@ -5,6 +5,7 @@
 - ``tls_server``: the same over https with a self-signed certificate; ``.cert_path`` is the PEM to trust.
 - ``server_factory``: ``make(**overrides) -> RunningServer`` for a server with its own settings
   (ServerSettings field names, ``profile`` included; the port defaults to 0); all are closed at teardown.
+- ``http``: ``make(server=local_server) -> httpx.Client`` on a server's base URL, closed at teardown.
 - ``sigint_inheritable``: a child process started in the test sees Ctrl-C (SIGINT handled, not ignored).
 - ``terminals``: the installed ``llmchat`` in pseudo-terminals read by a terminal emulator
   (tests/terminal.py).
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import peers as P
 import pytest
 
@@ -79,6 +81,22 @@ def server_factory() -> Iterator[Callable[..., RunningServer]]:
     yield make
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def http(local_server: RunningServer) -> Iterator[Callable[..., httpx.Client]]:
+    """``make(server=local_server) -> httpx.Client``: a plain client on a server's base URL (10 s timeout),
+    for tests that read serve's wire as it is; every client is closed at teardown."""
+    made: list[httpx.Client] = []
+
+    def make(server: RunningServer = local_server) -> httpx.Client:
+        client = httpx.Client(base_url=server.base_url, timeout=10.0)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
 
 
 @pytest.fixture

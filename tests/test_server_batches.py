@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,20 +18,6 @@ from llmchat.core.server._cli import flag_values
 
 Factory = Callable[..., RunningServer]
 BOUND_S = 15.0
-
-
-@pytest.fixture
-def http(local_server: RunningServer) -> Iterator[Callable[[RunningServer], httpx.Client]]:
-    made: list[httpx.Client] = []
-
-    def make(server: RunningServer = local_server) -> httpx.Client:
-        client = httpx.Client(base_url=server.base_url, timeout=10.0)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def chat_line(custom_id: str, prompt: str, **body: Any) -> dict[str, Any]:

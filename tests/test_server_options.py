@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -61,20 +61,6 @@ def check_schema_value(value: Any) -> None:
     for owner in owners:
         assert set(owner) == {"id", "tags"} and isinstance(owner["id"], int)
         assert isinstance(owner["tags"], list) and all(isinstance(t, str) for t in owner["tags"])
-
-
-@pytest.fixture
-def http(local_server: RunningServer) -> Iterator[Callable[..., httpx.Client]]:
-    made: list[httpx.Client] = []
-
-    def make(server: RunningServer = local_server) -> httpx.Client:
-        client = httpx.Client(base_url=server.base_url, timeout=10.0)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def chunks(resp: httpx.Response) -> list[dict[str, Any]]:
